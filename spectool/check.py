@@ -1,0 +1,256 @@
+"""``spectool check`` as a library call: references in, a :class:`CheckReport` out.
+
+Data flow: profile expansion -> checkpoint inspection (headers only) -> method resolution ->
+checkpoint rules (:mod:`spectool.compat`) -> engine rules (TensorRT-LLM release table or the
+embedded engine) -> memory estimate for the GPU -> verdict. ``build`` and ``serve`` reuse it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from spectool.ckpt.inspect import Checkpoint
+from spectool.ckpt.refs import resolve_checkpoint
+from spectool.compat import check_pair, resolve_method
+from spectool.errors import BadInputError
+from spectool.findings import Finding, Severity, error, info, sort_findings
+from spectool.memory import GIB, MemoryEstimate, estimate_memory, memory_findings
+
+ENGINES = ("trtllm", "torch", "none")
+DEFAULT_PROFILE = "demo"
+# What spectool's embedded engine runs.
+TORCH_ENGINE_METHODS = ("draft_model", "ngram")
+TORCH_ENGINE_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+DEFAULT_MAX_SEQ_LEN = 8192
+
+
+@dataclass(frozen=True)
+class CheckRequest:
+    target: str | None = None
+    drafter: str | None = None
+    profile: str | None = None
+    method: str = "auto"
+    max_draft_len: int | None = None
+    engine: str = "trtllm"
+    trtllm_version: str | None = None
+    trtllm_backend: str = "pytorch"
+    gpu: str | None = "auto"
+    tp: int = 1
+    max_batch_size: int | None = None
+    max_seq_len: int | None = None
+    trust_remote_code: bool = False
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    method: str
+    engine: str
+    max_draft_len: int
+    target: Checkpoint
+    drafter: Checkpoint | None
+    findings: list[Finding]
+    memory: MemoryEstimate | None
+    trtllm: dict[str, Any] | None = None
+    gpu: dict[str, Any] | None = None
+    profile: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity is Severity.ERROR]
+
+    @property
+    def verdict(self) -> str:
+        return "incompatible" if self.errors else "compatible"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "method": self.method,
+            "engine": self.engine,
+            "max_draft_len": self.max_draft_len,
+            "profile": self.profile,
+            "target": self.target.summary(),
+            "drafter": self.drafter.summary() if self.drafter else None,
+            "findings": [f.to_json() for f in self.findings],
+            "memory": self.memory.to_json() if self.memory else None,
+            "trtllm": self.trtllm,
+            "gpu": self.gpu,
+        }
+
+
+def expand_profile(req: CheckRequest) -> tuple[str, str | None, str, int | None, str | None]:
+    """(target ref, drafter ref, method, max_draft_len, profile name) after profile expansion.
+
+    A profile may be named by ``--profile`` or stand in for TARGET; with no models at all the
+    embedded ``demo`` pair is used. Explicit arguments override the profile's values.
+    """
+    from spectool import profiles
+
+    name = req.profile
+    target, drafter = req.target, req.drafter
+    if (
+        name is None
+        and target is not None
+        and profiles.is_profile_name(target)
+        and not _is_path(target)
+    ):
+        name, target = target, None
+    if name is None and target is None:
+        name = DEFAULT_PROFILE
+    method, max_draft_len = req.method, req.max_draft_len
+    if name is not None:
+        recipe = profiles.load_profile(name)
+        target = target or recipe.target
+        if drafter is None:
+            drafter = recipe.drafter
+        if method == "auto":
+            method = recipe.method
+        if max_draft_len is None:
+            max_draft_len = recipe.max_draft_len
+    if drafter is not None and profiles.is_profile_name(drafter) and not _is_path(drafter):
+        drafter = profiles.load_profile(drafter).drafter
+    assert target is not None
+    return target, drafter, method, max_draft_len, name
+
+
+def _is_path(ref: str) -> bool:
+    from pathlib import Path
+
+    return Path(ref).expanduser().exists()
+
+
+def run_check(req: CheckRequest) -> CheckReport:
+    if req.engine not in ENGINES:
+        raise BadInputError(
+            "--engine", f"unknown engine {req.engine!r}; choose from {', '.join(ENGINES)}"
+        )
+    if req.tp < 1:
+        raise BadInputError("--tp", f"must be 1 or more, got {req.tp}")
+    target_ref, drafter_ref, method, max_draft_len, profile = expand_profile(req)
+    target = resolve_checkpoint(target_ref)
+    drafter = resolve_checkpoint(drafter_ref) if drafter_ref and drafter_ref != "self" else None
+    method = resolve_method(method, target, drafter)
+    if max_draft_len is None:
+        max_draft_len = (target.mtp_layers or 1) if method == "mtp" else 4
+    max_seq_len = req.max_seq_len or min(
+        target.max_position_embeddings or DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_SEQ_LEN
+    )
+    findings = check_pair(
+        target, drafter, method, max_draft_len=max_draft_len, max_seq_len=req.max_seq_len
+    )
+    findings += _remote_code_rule(target, drafter, req.trust_remote_code)
+
+    gpu_spec = _resolve_gpu(req.gpu)
+    trtllm: dict[str, Any] | None = None
+    if req.engine == "trtllm":
+        trtllm, engine_findings = _trtllm_rules(req, method, target, drafter, gpu_spec)
+        findings += engine_findings
+    elif req.engine == "torch":
+        findings += _torch_engine_rules(method, target, drafter)
+
+    memory = None
+    gpu_json = None
+    if gpu_spec is not None:
+        gpu_json = {"name": gpu_spec.name, "sm": gpu_spec.sm, "memory_gib": gpu_spec.memory_gib}
+        memory = estimate_memory(
+            target,
+            drafter,
+            method,
+            gpu_name=gpu_spec.name,
+            gpu_memory_bytes=int(gpu_spec.memory_gib * GIB),
+            tp=req.tp,
+            max_seq_len=max_seq_len,
+            max_draft_len=max_draft_len,
+        )
+        findings += memory_findings(memory, req.max_batch_size)
+    return CheckReport(
+        method=method,
+        engine=req.engine,
+        max_draft_len=max_draft_len,
+        target=target,
+        drafter=drafter,
+        findings=sort_findings(findings),
+        memory=memory,
+        trtllm=trtllm,
+        gpu=gpu_json,
+        profile=profile,
+    )
+
+
+def _resolve_gpu(arg: str | None) -> Any:
+    from spectool.gpu import resolve_gpu
+
+    return resolve_gpu(arg)
+
+
+def _remote_code_rule(target: Checkpoint, drafter: Checkpoint | None, trust: bool) -> list[Finding]:
+    needs = [
+        c.ref
+        for c in (target, drafter)
+        if c is not None and isinstance(c.config.get("auto_map"), dict)
+    ]
+    if not needs or trust:
+        return []
+    return [
+        info(
+            "REMOTE_CODE",
+            f"{', '.join(needs)} ship custom modelling code (auto_map); spectool read only metadata",
+            "Serving engines may need --trust-remote-code; pass it only if you trust the repository.",
+        )
+    ]
+
+
+def _torch_engine_rules(
+    method: str, target: Checkpoint, drafter: Checkpoint | None
+) -> list[Finding]:
+    findings: list[Finding] = []
+    if method not in TORCH_ENGINE_METHODS:
+        findings.append(
+            error(
+                "UNSUPPORTED_BY_ENGINE",
+                f"spectool's embedded engine runs {', '.join(TORCH_ENGINE_METHODS)}, not {method}",
+                "Use --engine trtllm for this method, or a draft model / n-gram on the embedded engine.",
+            )
+        )
+    for role, ckpt in (
+        ("target", target),
+        ("drafter", drafter if method == "draft_model" else None),
+    ):
+        if ckpt is not None and ckpt.architecture not in TORCH_ENGINE_ARCHITECTURES:
+            findings.append(
+                error(
+                    "UNSUPPORTED_BY_ENGINE",
+                    f"{role} architecture {ckpt.architecture} is not one the embedded engine runs "
+                    f"({', '.join(TORCH_ENGINE_ARCHITECTURES)})",
+                    "Use --engine trtllm for this model.",
+                )
+            )
+    return findings
+
+
+def _trtllm_rules(
+    req: CheckRequest, method: str, target: Checkpoint, drafter: Checkpoint | None, gpu_spec: Any
+) -> tuple[dict[str, Any], list[Finding]]:
+    from spectool.trtllm import releases
+
+    installed = releases.detect_installed_version()
+    version = req.trtllm_version or installed
+    release = releases.resolve_release(version)
+    drafter_kind = "mtp" if method == "mtp" else (drafter.kind if drafter else None)
+    findings = releases.support_findings(
+        method,
+        target_architecture=target.architecture,
+        drafter_kind=drafter_kind,
+        backend=req.trtllm_backend,
+        release=release,
+        sm=gpu_spec.sm if gpu_spec is not None else None,
+    )
+    info_json = {
+        "version": version,
+        "installed": installed,
+        "release": release,
+        "backend": req.trtllm_backend,
+    }
+    return info_json, findings

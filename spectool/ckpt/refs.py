@@ -1,0 +1,51 @@
+"""Model references -> checkpoints: a local folder, ``spectool:NAME`` (a model shipped inside
+spectool), or a Hugging Face repo id ``org/name[@revision]``. Profiles are expanded earlier,
+by the command (a profile names both models and the method)."""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+from pathlib import Path
+
+from spectool.ckpt.inspect import Checkpoint, inspect_folder
+from spectool.errors import CheckpointError
+
+BUILTIN_PREFIX = "spectool:"
+
+
+def builtin_path(name: str) -> Path:
+    """The folder of a model shipped in ``spectool/assets/models/NAME``."""
+    folder = Path(str(resources.files("spectool") / "assets" / "models" / name))
+    if not (folder / "config.json").is_file():
+        raise CheckpointError(f"{BUILTIN_PREFIX}{name}", "no such built-in model")
+    return folder
+
+
+def resolve_checkpoint(ref: str) -> Checkpoint:
+    """Read the checkpoint ``ref`` names (metadata and tensor headers only)."""
+    from spectool.ckpt import hub
+
+    if ref.startswith(BUILTIN_PREFIX):
+        return inspect_folder(builtin_path(ref[len(BUILTIN_PREFIX) :]), ref)
+    path = Path(os.path.expanduser(ref))
+    try:
+        exists = path.exists()
+        if path.is_symlink() or exists:
+            path = path.resolve(strict=True)
+    except (OSError, RuntimeError) as exc:  # symlink loops, permissions
+        raise CheckpointError(
+            ref, f"cannot resolve path ({exc.__class__.__name__}: {exc})"
+        ) from None
+    if exists:
+        if not path.is_dir():
+            raise CheckpointError(ref, "is a file; pass the checkpoint folder")
+        if not os.access(path, os.R_OK | os.X_OK):
+            raise CheckpointError(ref, "folder is not readable")
+        return inspect_folder(path, ref)
+    if hub.looks_like_repo_id(ref):
+        folder, tensors, commit = hub.fetch_metadata(ref)
+        return inspect_folder(folder, ref, tensors=tensors, revision=commit)
+    raise CheckpointError(
+        ref, "no such folder, and not a Hugging Face repo id (org/name) or profile"
+    )
