@@ -12,7 +12,7 @@ from typing import Any
 
 from spectool.ckpt.inspect import Checkpoint
 from spectool.ckpt.refs import resolve_checkpoint
-from spectool.compat import check_pair, resolve_method
+from spectool.compat import METHODS, check_pair, resolve_method
 from spectool.errors import BadInputError
 from spectool.findings import Finding, Severity, error, info, sort_findings
 from spectool.memory import GIB, MemoryEstimate, estimate_memory, memory_findings
@@ -126,6 +126,10 @@ def run_check(req: CheckRequest) -> CheckReport:
         raise BadInputError(
             "--engine", f"unknown engine {req.engine!r}; choose from {', '.join(ENGINES)}"
         )
+    if req.method != "auto" and req.method not in METHODS:
+        raise BadInputError("--method", f"unknown method {req.method!r}; choose from auto, {', '.join(METHODS)}")
+    if req.trtllm_backend not in ("pytorch", "tensorrt"):
+        raise BadInputError("--trtllm-backend", f"unknown backend {req.trtllm_backend!r}; choose pytorch or tensorrt")
     if req.tp < 1:
         raise BadInputError("--tp", f"must be 1 or more, got {req.tp}")
     target_ref, drafter_ref, method, max_draft_len, profile = expand_profile(req)

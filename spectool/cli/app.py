@@ -63,7 +63,8 @@ _register_commands()
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; map spectool's own errors to one stderr line and their exit code."""
     try:
-        app(args=argv, standalone_mode=False)
+        # Non-standalone click returns a command's typer.Exit code instead of raising it.
+        code = app(args=argv, standalone_mode=False)
     except SpectoolError as exc:
         if DEBUG:
             raise
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, click.exceptions.Exit):
             return exc.exit_code
         raise
-    return 0
+    return code if isinstance(code, int) else 0
 
 
 if __name__ == "__main__":

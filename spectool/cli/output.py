@@ -25,7 +25,7 @@ def print_json(obj: Any) -> None:
 def findings_table(findings: list[Finding], title: str = "Findings") -> Table:
     table = Table(title=title, show_lines=False, expand=False)
     table.add_column("severity")
-    table.add_column("code")
+    table.add_column("code", no_wrap=True)
     table.add_column("message", overflow="fold")
     table.add_column("fix", overflow="fold")
     for f in findings:

@@ -64,7 +64,7 @@ def test_property_random_bytes_never_crash(tmp_path: Path, blob: bytes) -> None:
     try:
         read_safetensors_header(path)
     except CheckpointError as exc:
-        assert str(path) in str(exc)
+        assert str(path) in str(exc)  # noqa: PT017 - most random inputs do raise, not all
 
 
 @pytest.mark.parametrize(

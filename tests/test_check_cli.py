@@ -1,0 +1,102 @@
+"""`spectool check` end to end: exit codes, one JSON object, one-line errors, memory, engines."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spectool.cli.app import main
+
+LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
+EAGLE3 = "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_compatible_pair_json(make_ckpt, capsys) -> None:
+    code, out, err = run(capsys, "check", str(make_ckpt(LLAMA)), str(make_ckpt(EAGLE3)), "--engine", "none", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["verdict"] == "compatible" and report["method"] == "eagle3" and report["engine"] == "none"
+    assert report["target"]["kind"] == "causal_lm" and report["drafter"]["kind"] == "eagle3"
+    assert {"code", "severity", "message", "hint"} <= set(report["findings"][0])
+    assert report["memory"] is None  # no GPU here and none named
+
+
+def test_incompatible_pair_exit_1_and_table(make_ckpt, capsys) -> None:
+    code, out, _ = run(capsys, "check", str(make_ckpt(LLAMA)), str(make_ckpt("yuhuili/EAGLE-LLaMA3-Instruct-8B")),
+                       "--method", "eagle3", "--engine", "none")
+    assert code == 1
+    assert "WRONG_EAGLE_GENERATION_EAGLE1_AS_EAGLE3" in out and "incompatible" in out
+
+
+def test_memory_estimate_and_budget(make_ckpt, capsys) -> None:
+    code, out, _ = run(capsys, "check", str(make_ckpt(LLAMA)), str(make_ckpt(EAGLE3)), "--engine", "none",
+                       "--gpu", "h100-sxm", "--max-seq-len", "8192", "--json")
+    mem = json.loads(out)["memory"]
+    assert code == 0
+    assert mem["target_weight_bytes"] == 16060522496
+    # Llama-3.1-8B: 32 layers x 2 x 8 KV heads x 128 x 2 bytes = 131072 B per token.
+    assert mem["target_kv_bytes_per_token"] == 131072
+    assert 0 < mem["sequences_with_drafter"] < mem["sequences_without_drafter"]
+    ds = str(make_ckpt("deepseek-ai/DeepSeek-V3"))
+    code, out, _ = run(capsys, "check", ds, "self", "--method", "mtp", "--engine", "none", "--gpu", "h100-sxm", "--json")
+    assert code == 1 and "MEMORY_BUDGET" in {f["code"] for f in json.loads(out)["findings"]}
+    code, out, _ = run(capsys, "check", ds, "--method", "mtp", "--engine", "none", "--gpu", "h200", "--tp", "8", "--json")
+    report = json.loads(out)
+    assert code == 0, report["findings"]
+    # MLA: 61 layers x (512 + 64) x 2 bytes, not split by TP.
+    assert report["memory"]["target_kv_bytes_per_token"] == 61 * 576 * 2
+
+
+def test_embedded_engine_rules(make_ckpt, capsys) -> None:
+    code, out, _ = run(capsys, "check", str(make_ckpt(LLAMA)), str(make_ckpt(EAGLE3)), "--engine", "torch", "--json")
+    assert code == 1
+    assert "UNSUPPORTED_BY_ENGINE" in {f["code"] for f in json.loads(out)["findings"]}
+    code, out, _ = run(capsys, "check", str(make_ckpt(LLAMA)), str(make_ckpt("meta-llama/Llama-3.2-1B-Instruct")),
+                       "--engine", "torch", "--json")
+    assert code == 0, out
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["check", "/nonexistent/model", "--engine", "none"], "/nonexistent/model"),
+        (["check", "--profile", "no-such-profile"], "no-such-profile"),
+        (["check", "--method", "bogus", "--engine", "none"], "bogus"),
+        (["check", "--engine", "vllm"], "vllm"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(capsys, argv: list[str], needle: str) -> None:
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert needle in err and err.count("\n") == 1 and "Traceback" not in err and out == ""
+
+
+def test_malformed_and_hostile_files_exit_2(make_ckpt, tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text("{not json")
+    code, _, err = run(capsys, "check", str(bad), "--engine", "none")
+    assert code == 2 and "config.json" in err and "malformed JSON" in err
+    (bad / "config.json").write_text("{}")
+    (bad / "model.safetensors").write_bytes((10**12).to_bytes(8, "little") + b"{}")
+    code, _, err = run(capsys, "check", str(bad), "--engine", "none")
+    assert code == 2 and "model.safetensors" in err and err.count("\n") == 1
+
+
+def test_help_imports_neither_torch_nor_transformers() -> None:
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "spectool.cli.app", "--help"],
+                         capture_output=True, text=True, check=True, env={**os.environ, "COLUMNS": "120"})
+    modules = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if "|" in line}
+    assert "check" in out.stdout
+    assert not {"torch", "transformers", "fastapi", "uvicorn", "matplotlib"} & modules
