@@ -1,0 +1,271 @@
+"""The cost inequality for one (concurrency, k) cell, with a bootstrap confidence interval.
+
+Speculation at draft length ``k`` pays at a concurrency when
+
+    lhs = (t_draft + t_verify + t_coord) / confirmed_tokens  <  rhs = t_decode_per_token(k = 0)
+
+both sides in milliseconds per output token as one user sees it, the right side measured without
+speculation at the same concurrency (same target, engine and settings). Two ways to measure them:
+
+* **iterations** (server iteration stats, preferred): per step ``n`` with batch ``B_n``, step time
+  ``T_n = draft + verify + coord`` and ``C_n`` tokens confirmed over the batch,
+  ``lhs = sum_n B_n T_n / sum_n C_n``. Each request in the step waited ``T_n`` for its share of
+  ``C_n``, so this is the token-weighted mean time per confirmed token. Without speculation
+  ``C_n = B_n`` and ``rhs = sum B_n T_n / sum B_n``, the batch-weighted mean step time.
+* **requests** (client timings only): ``sum_r (E2E_r - TTFT_r) / sum_r (output_tokens_r - 1)``
+  over successful requests with at least two output tokens: the token-weighted TPOT (see
+  :mod:`spectool.decide.latency`), which already contains every cost of the step.
+
+``ratio = lhs / rhs``; below 1 speculation pays. Beside it, with ``E_meas`` the measured confirmed
+tokens per request-step (:meth:`CellMeasurement.tokens_per_step`):
+
+* step cost ratio ``c = t_step_spec / t_step_base = ratio * E_meas`` (exact on the iterations
+  path, where ``lhs = t_step_spec / E_meas`` and ``rhs = t_step_base``);
+* predicted speedup ``= E_pred[tokens | k] / c`` from per-position acceptance
+  (:func:`~spectool.decide.acceptance.expected_tokens_per_step`); measured speedup ``= 1 / ratio``.
+  They differ only by ``E_pred / E_meas``: how well acceptance predicts the run.
+
+Confidence interval: percentile bootstrap of ``ratio``. The spec and baseline runs are resampled
+independently: requests i.i.d.; iterations in moving blocks of ``round(n ** (1/3))`` consecutive
+steps, because neighbouring steps share requests and are correlated. Verdict: ``pays`` if the
+whole interval lies below 1, ``does_not_pay`` if above, else ``inconclusive``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from spectool.decide.acceptance import expected_tokens_per_step
+from spectool.decide.cell import CellMeasurement, IterationSample
+from spectool.decide.latency import MS_PER_S, RequestRecord
+from spectool.errors import BadInputError
+
+Verdict = Literal["pays", "does_not_pay", "inconclusive"]
+Source = Literal["iterations", "requests"]
+
+_MAX_INDEX_ELEMENTS = 4_000_000  # cap on one bootstrap chunk's index matrix
+
+
+@dataclass(frozen=True)
+class CellVerdict:
+    """The cost inequality evaluated for one cell; see the module docstring for every field.
+
+    ``ci_low``/``ci_high`` bound ``ratio`` at ``confidence``. ``n_spec``/``n_base`` count the
+    resampled units (iterations or requests). The ``*_predicted``, ``step_cost_ratio`` and
+    ``predicted_speedup`` fields are None where their inputs were not measured.
+    """
+
+    concurrency: int
+    k: int
+    lhs_ms_per_token: float
+    rhs_ms_per_token: float
+    ratio: float
+    ci_low: float
+    ci_high: float
+    verdict: Verdict
+    source: Source
+    confidence: float
+    n_boot: int
+    n_spec: int
+    n_base: int
+    tokens_per_step_measured: float | None
+    tokens_per_step_predicted: float | None
+    step_cost_ratio: float | None
+    predicted_speedup: float | None
+    measured_speedup: float
+
+    def to_json(self) -> dict[str, object]:
+        """The fields ``decision.json`` lists per cell."""
+        return {
+            "concurrency": self.concurrency,
+            "k": self.k,
+            "lhs_ms_per_token": self.lhs_ms_per_token,
+            "rhs_ms_per_token": self.rhs_ms_per_token,
+            "ratio": self.ratio,
+            "ci_low": self.ci_low,
+            "ci_high": self.ci_high,
+            "verdict": self.verdict,
+        }
+
+
+def iteration_terms(samples: Sequence[IterationSample]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-iteration numerator ``B_n * T_n`` (ms) and denominator ``C_n`` (tokens)."""
+    num = np.array([s.batch_size * s.step_ms for s in samples], dtype=float)
+    den = np.array([s.confirmed_tokens for s in samples], dtype=float)
+    return num, den
+
+
+def request_terms(records: Sequence[RequestRecord]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-request numerator ``E2E - TTFT`` (ms) and denominator ``output_tokens - 1``.
+
+    Only successful requests with a first token and at least two output tokens count.
+    """
+    used = [r for r in records if r.ok and r.output_tokens >= 2 and r.decode_s is not None]
+    num = np.array([r.decode_s * MS_PER_S for r in used], dtype=float)
+    den = np.array([r.output_tokens - 1 for r in used], dtype=float)
+    return num, den
+
+
+def default_block_len(n: int) -> int:
+    """Moving-block length for ``n`` correlated iterations: ``round(n ** (1/3))``, at least 1."""
+    return max(1, round(n ** (1.0 / 3.0)))
+
+
+def _resampled_sums(
+    num: np.ndarray, den: np.ndarray, n_boot: int, rng: np.random.Generator, block_len: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Sums of ``num`` and ``den`` over ``n_boot`` moving-block resamples (i.i.d. at length 1).
+
+    Each resample concatenates ``ceil(n / block_len)`` blocks of consecutive units with uniformly
+    drawn starts. The last block is not cut: the statistic is a ratio of sums, so the few extra
+    units change its scale, not its value.
+    """
+    n = num.size
+    length = min(max(1, block_len), n)
+    n_blocks = -(-n // length)
+    cum_num = np.concatenate([[0.0], np.cumsum(num)])
+    cum_den = np.concatenate([[0.0], np.cumsum(den)])
+    block_num = cum_num[length:] - cum_num[:-length]  # sum of the block starting at each unit
+    block_den = cum_den[length:] - cum_den[:-length]
+    n_starts = block_num.size
+    sums_num = np.empty(n_boot)
+    sums_den = np.empty(n_boot)
+    chunk = max(1, _MAX_INDEX_ELEMENTS // n_blocks)
+    for lo in range(0, n_boot, chunk):
+        hi = min(n_boot, lo + chunk)
+        starts = rng.integers(0, n_starts, size=(hi - lo, n_blocks))
+        sums_num[lo:hi] = block_num[starts].sum(axis=1)
+        sums_den[lo:hi] = block_den[starts].sum(axis=1)
+    return sums_num, sums_den
+
+
+def bootstrap_ratio_ci(
+    spec_num: np.ndarray,
+    spec_den: np.ndarray,
+    base_num: np.ndarray,
+    base_den: np.ndarray,
+    *,
+    n_boot: int = 1000,
+    confidence: float = 0.95,
+    rng: np.random.Generator,
+    spec_block_len: int = 1,
+    base_block_len: int = 1,
+) -> tuple[float, float, float]:
+    """``(ratio, ci_low, ci_high)`` of ``(Σ spec_num / Σ spec_den) / (Σ base_num / Σ base_den)``.
+
+    Percentile bootstrap; the two samples are resampled independently.
+    """
+    if n_boot < 1 or not 0.0 < confidence < 1.0:
+        raise BadInputError(
+            "bootstrap", f"need n_boot >= 1 and 0 < confidence < 1, got {n_boot}, {confidence}"
+        )
+    for name, a, b in (("spec", spec_num, spec_den), ("baseline", base_num, base_den)):
+        if a.size != b.size or a.size < 2:
+            raise BadInputError("bootstrap", f"{name} sample needs at least 2 units, got {a.size}")
+        if (b <= 0).any():
+            raise BadInputError("bootstrap", f"{name} sample has a non-positive token count")
+    ratio = float((spec_num.sum() / spec_den.sum()) / (base_num.sum() / base_den.sum()))
+    s_num, s_den = _resampled_sums(spec_num, spec_den, n_boot, rng, spec_block_len)
+    b_num, b_den = _resampled_sums(base_num, base_den, n_boot, rng, base_block_len)
+    ratios = (s_num / s_den) / (b_num / b_den)
+    tail = (1.0 - confidence) / 2.0
+    lo, hi = np.quantile(ratios, [tail, 1.0 - tail])
+    return ratio, float(lo), float(hi)
+
+
+def verdict_for(ci_low: float, ci_high: float) -> Verdict:
+    """``pays`` if the interval lies wholly below 1, ``does_not_pay`` if wholly above."""
+    if ci_high < 1.0:
+        return "pays"
+    if ci_low > 1.0:
+        return "does_not_pay"
+    return "inconclusive"
+
+
+def evaluate_cell(
+    spec: CellMeasurement,
+    base: CellMeasurement,
+    *,
+    alphas: Sequence[float] | None = None,
+    n_boot: int = 1000,
+    confidence: float = 0.95,
+    seed: int = 0,
+    source: Source | None = None,
+) -> CellVerdict:
+    """Evaluate the cost inequality for ``spec`` against the baseline ``base`` at its concurrency.
+
+    ``alphas`` (per-position acceptance) gives the predicted tokens per step. ``source`` forces a
+    measurement path; by default iterations when both cells have them, else requests. The
+    bootstrap generator is seeded from ``(seed, concurrency, k)``, so a cell's interval does not
+    depend on the order cells are evaluated in.
+    """
+    where = f"cell (concurrency={spec.concurrency}, k={spec.k})"
+    if base.k != 0 or spec.k < 1:
+        raise BadInputError(
+            where, f"need a speculative cell (k >= 1) and a baseline (k = 0), got k={base.k}"
+        )
+    if base.concurrency != spec.concurrency:
+        raise BadInputError(where, f"baseline was measured at concurrency {base.concurrency}")
+    if source is None:
+        source = "iterations" if spec.iterations and base.iterations else "requests"
+    if source == "iterations":
+        spec_num, spec_den = iteration_terms(spec.iterations)
+        base_num, base_den = iteration_terms(base.iterations)
+        spec_block, base_block = default_block_len(spec_num.size), default_block_len(base_num.size)
+    else:
+        spec_num, spec_den = request_terms(spec.records)
+        base_num, base_den = request_terms(base.records)
+        spec_block = base_block = 1
+    if spec_num.size < 2 or base_num.size < 2:
+        raise BadInputError(
+            where,
+            f"not enough {source} to compare ({spec_num.size} with speculation, "
+            f"{base_num.size} without; need 2 each)",
+        )
+    rng = np.random.default_rng([seed, spec.concurrency, spec.k])
+    ratio, lo, hi = bootstrap_ratio_ci(
+        spec_num,
+        spec_den,
+        base_num,
+        base_den,
+        n_boot=n_boot,
+        confidence=confidence,
+        rng=rng,
+        spec_block_len=spec_block,
+        base_block_len=base_block,
+    )
+    lhs = float(spec_num.sum() / spec_den.sum())
+    rhs = float(base_num.sum() / base_den.sum())
+    measured_tokens = spec.tokens_per_step()
+    predicted_tokens = (
+        expected_tokens_per_step(alphas, spec.k)
+        if alphas is not None and len(alphas) >= spec.k
+        else None
+    )
+    step_cost = None if measured_tokens is None else ratio * measured_tokens
+    return CellVerdict(
+        concurrency=spec.concurrency,
+        k=spec.k,
+        lhs_ms_per_token=lhs,
+        rhs_ms_per_token=rhs,
+        ratio=ratio,
+        ci_low=lo,
+        ci_high=hi,
+        verdict=verdict_for(lo, hi),
+        source=source,
+        confidence=confidence,
+        n_boot=n_boot,
+        n_spec=int(spec_num.size),
+        n_base=int(base_num.size),
+        tokens_per_step_measured=measured_tokens,
+        tokens_per_step_predicted=predicted_tokens,
+        step_cost_ratio=step_cost,
+        predicted_speedup=(
+            None if step_cost is None or predicted_tokens is None else predicted_tokens / step_cost
+        ),
+        measured_speedup=1.0 / ratio,
+    )

@@ -1,0 +1,452 @@
+"""Which (concurrency, k) cells to measure to choose a draft length per concurrency, and the choice.
+
+Pure: measuring is a callback, ``measure(concurrency, k) -> CellMeasurement``; cells finished in
+an earlier, interrupted run are passed in and never measured again. The search, for concurrencies
+``c_1 < ... < c_n`` and a largest draft length ``K``:
+
+1. **Baselines**: ``k = 0`` at every concurrency (the right side of the cost inequality).
+2. **Acceptance**: ``k = K`` at a couple of concurrencies spread over the range (the smallest and
+   largest by default). Its per-position acceptance gives ``E[tokens | k]`` for every ``k <= K``
+   (:mod:`spectool.decide.acceptance`); where the engine reports only an acceptance length, a
+   constant ``alpha`` is fitted to it instead.
+3. **Cost model**: ``k = 1`` at the same concurrencies, so the step cost is known at two draft
+   lengths and two batch sizes; :func:`~spectool.decide.model.fit_step_cost` fits it.
+4. **Predict** the per-token ratio of every cell and the best ``k`` per concurrency.
+5. **Confirm**: measure the predicted best cell at every concurrency where it is predicted to pay
+   (or to come within ``close_margin`` of paying), and its neighbours ``k +- 1`` when their
+   prediction is within ``close_margin`` of the best.
+6. **Decide** from measurements only, every measured cell included (finished ones too): at each
+   concurrency, among the cells whose bootstrap interval lies below 1 (``pays``), the one with the
+   lowest measured step cost over tokens per step from acceptance pooled across the
+   concurrency's cells (:func:`_ranking_ratios`); 0 when none pays. No choice may exceed the
+   one at the smallest concurrency (it is the schedule's ``max_draft_len``); when the best cells
+   break that rule, the predicted best writable cells are measured too and the writable set with
+   the best total is chosen (:func:`_final_choices`).
+
+Predictions use the planned cells (steps 1-3) only, so a resumed search predicts, and measures,
+exactly what an uninterrupted one would. Without acceptance or step times (client timings and no
+engine counters) nothing can be predicted, and the search falls back to measuring the full grid.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from spectool.decide.acceptance import (
+    PositionCounts,
+    constant_alpha_for,
+    expected_tokens_per_step,
+    leviathan_expected_tokens,
+)
+from spectool.decide.cell import CellMeasurement
+from spectool.decide.cost import CellVerdict, evaluate_cell, request_terms
+from spectool.decide.model import (
+    CellPrediction,
+    ConcurrencyGate,
+    ScheduleSemantics,
+    StepCostModel,
+    break_even_concurrency,
+    choose_k,
+    fit_step_cost,
+    gate_from_choices,
+    observation_from_cell,
+    predict_grid,
+    schedule_from_choices,
+)
+from spectool.errors import BadInputError
+
+MeasureFn = Callable[[int, int], CellMeasurement]
+CellKey = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class PredictionCheck:
+    """A measured cell beside its prediction: how far the cost model was off."""
+
+    concurrency: int
+    k: int
+    predicted_ratio: float
+    measured_ratio: float
+    ci_low: float
+    ci_high: float
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """The outcome of :func:`tune`: choices, the schedule to write, and the evidence.
+
+    ``choices`` maps each concurrency to the chosen draft length (0 = off). ``schedule`` is the
+    TensorRT-LLM ``draft_len_schedule`` encoding them under ``schedule_semantics`` (``{}`` = write
+    no speculation); ``gate`` is the equivalent ``max_draft_len`` + ``max_concurrency`` pair when
+    one exists. ``searched_max_draft_len`` is the ``K`` searched; ``max_draft_len`` the value the
+    written config must carry (the schedule's first value, 0 when off). ``measured_now`` lists
+    the cells this call measured, ``reused`` the finished cells it used; ``full_grid_runs`` is
+    what measuring every cell would have cost.
+    """
+
+    engine: str
+    method: str
+    searched_max_draft_len: int
+    concurrencies: tuple[int, ...]
+    choices: dict[int, int]
+    predicted_choices: dict[int, int]
+    schedule: dict[int, int]
+    schedule_semantics: ScheduleSemantics
+    gate: ConcurrencyGate | None
+    break_even_concurrency: int | None
+    cells: tuple[CellVerdict, ...]
+    predictions: tuple[CellPrediction, ...]
+    checks: tuple[PredictionCheck, ...]
+    cost_model: StepCostModel | None
+    measured_now: tuple[CellKey, ...]
+    reused: tuple[CellKey, ...]
+    full_grid_runs: int
+    notes: tuple[str, ...]
+
+    @property
+    def max_draft_len(self) -> int:
+        """``max_draft_len`` for the written config: the schedule's smallest key's value, or 0."""
+        return self.schedule[min(self.schedule)] if self.schedule else 0
+
+    @property
+    def runs_used(self) -> int:
+        """Cells the decision rests on (measured now plus reused)."""
+        return len(self.measured_now) + len(self.reused)
+
+    def to_decision_json(self) -> dict[str, object]:
+        """The ``decision.json`` object (JSON keys are strings, so concurrencies are too)."""
+        return {
+            "engine": self.engine,
+            "method": self.method,
+            "max_draft_len": self.max_draft_len,
+            "searched_max_draft_len": self.searched_max_draft_len,
+            "schedule": {str(c): k for c, k in sorted(self.choices.items())},
+            "draft_len_schedule": {str(b): k for b, k in sorted(self.schedule.items())},
+            "draft_len_schedule_semantics": self.schedule_semantics,
+            "max_concurrency": None if self.gate is None else self.gate.max_concurrency,
+            "break_even_concurrency": self.break_even_concurrency,
+            "cells": [v.to_json() for v in self.cells],
+            "runs": {"used": self.runs_used, "full_grid": self.full_grid_runs},
+        }
+
+
+def spread(concurrencies: Sequence[int], n: int) -> tuple[int, ...]:
+    """``n`` concurrencies evenly spread over the sorted list (ends included)."""
+    values = sorted(set(concurrencies))
+    if n >= len(values):
+        return tuple(values)
+    idx = np.unique(np.round(np.linspace(0, len(values) - 1, max(n, 1))).astype(int))
+    return tuple(values[i] for i in idx)
+
+
+def initial_plan(
+    concurrencies: Sequence[int], max_draft_len: int, *, acceptance_concurrencies: int = 2
+) -> tuple[CellKey, ...]:
+    """Cells measured before any prediction: baselines, then ``K`` and ``1`` at the anchors."""
+    anchors = spread(concurrencies, acceptance_concurrencies)
+    plan: list[CellKey] = [(c, 0) for c in sorted(set(concurrencies))]
+    plan += [(c, max_draft_len) for c in anchors]
+    if max_draft_len > 1:
+        plan += [(c, 1) for c in anchors]
+    return tuple(plan)
+
+
+def _base_step_ms(cell: CellMeasurement) -> float | None:
+    step = cell.mean_step_ms()
+    if step is not None:
+        return step
+    num, den = request_terms(cell.records)
+    return float(num.sum() / den.sum()) if den.size else None
+
+
+def _alphas_by_concurrency(
+    cells: Mapping[CellKey, CellMeasurement], concurrencies: Sequence[int], k_max: int
+) -> dict[int, tuple[float, ...]]:
+    """Per-position acceptance for every concurrency, from the nearest one that measured it."""
+    measured: dict[int, tuple[float, ...]] = {}
+    for c in concurrencies:
+        pooled: PositionCounts | None = None
+        for k in range(1, k_max + 1):
+            cell = cells.get((c, k))
+            if cell is not None and cell.positions is not None:
+                pooled = cell.positions if pooled is None else pooled.merged(cell.positions)
+        if pooled is not None and pooled.max_draft_len >= k_max and pooled.steps:
+            measured[c] = pooled.alphas()[:k_max]
+            continue
+        top = cells.get((c, k_max))
+        tokens = None if top is None else top.tokens_per_step()
+        if tokens is not None:
+            alpha = constant_alpha_for(min(max(tokens, 1.0), k_max + 1.0), k_max)
+            measured[c] = (alpha,) * k_max
+    if not measured:
+        return {}
+    return {
+        c: measured[min(measured, key=lambda a: (abs(math.log(a / c)), a))] for c in concurrencies
+    }
+
+
+def tune(
+    concurrencies: Sequence[int],
+    max_draft_len: int,
+    measure: MeasureFn,
+    *,
+    finished: Mapping[CellKey, CellMeasurement] | None = None,
+    engine: str = "tensorrt-llm",
+    method: str = "",
+    n_boot: int = 1000,
+    confidence: float = 0.95,
+    seed: int = 0,
+    acceptance_concurrencies: int = 2,
+    close_margin: float = 0.05,
+    min_gain: float = 0.0,
+    accept_inconclusive: bool = False,
+    semantics: ScheduleSemantics = "up_to",
+) -> TuneResult:
+    """Search draft lengths ``0..max_draft_len`` at ``concurrencies``; see the module docstring.
+
+    ``finished`` holds cells measured before (a resume); they are used and never re-measured.
+    ``min_gain``: a cell must beat the baseline by this fraction to be chosen.
+    ``accept_inconclusive``: also choose cells whose interval straddles 1 if their ratio is
+    below 1 (default: only ``pays``).
+    """
+    concs = tuple(sorted(set(concurrencies)))
+    if not concs or concs[0] < 1:
+        raise BadInputError("tune", "need at least one concurrency, all >= 1")
+    if max_draft_len < 1:
+        raise BadInputError("tune", f"max_draft_len must be >= 1, got {max_draft_len}")
+    grid = {(c, k) for c in concs for k in range(max_draft_len + 1)}
+    cells: dict[CellKey, CellMeasurement] = {
+        key: cell for key, cell in (finished or {}).items() if key in grid
+    }
+    for key, cell in cells.items():
+        if cell.key != key:
+            raise BadInputError("tune", f"finished cell stored under {key} is for {cell.key}")
+    reused = set(cells)
+    measured_now: list[CellKey] = []
+    notes: list[str] = []
+
+    def get(c: int, k: int) -> CellMeasurement:
+        if (c, k) not in cells:
+            cell = measure(c, k)
+            if cell.key != (c, k):
+                raise BadInputError("tune", f"measure({c}, {k}) returned the cell {cell.key}")
+            cells[(c, k)] = cell
+            measured_now.append((c, k))
+        return cells[(c, k)]
+
+    plan = initial_plan(concs, max_draft_len, acceptance_concurrencies=acceptance_concurrencies)
+    planned = {key: get(*key) for key in plan}
+
+    # Predictions rest on the planned cells only, so a resumed search (which may already hold
+    # confirmation cells) predicts, and therefore measures, exactly what an uninterrupted one does.
+    base_step = {c: s for c in concs if (s := _base_step_ms(cells[(c, 0)])) is not None}
+    batch = {c: b for c in concs if (b := cells[(c, 0)].mean_batch_size()) is not None}
+    alphas = _alphas_by_concurrency(planned, concs, max_draft_len)
+    observations = [
+        o for cell in planned.values() if (o := observation_from_cell(cell)) is not None
+    ]
+    model: StepCostModel | None = None
+    predictions: tuple[CellPrediction, ...] = ()
+    predicted_choices: dict[int, int] = {}
+    if alphas and any(o.k > 0 for o in observations) and len(base_step) == len(concs):
+        model = fit_step_cost(observations)
+        predictions = predict_grid(
+            model, alphas, max_draft_len, base_step_ms=base_step, batch_by_concurrency=batch
+        )
+        predicted_choices = choose_k(predictions, min_gain=min_gain)
+        for c in concs:
+            _confirm(
+                c, [p for p in predictions if p.concurrency == c and p.k > 0], close_margin, get
+            )
+    else:
+        notes.append(
+            "no acceptance counts or step times: nothing to predict from, measured the full grid"
+        )
+        for c in concs:
+            for k in range(1, max_draft_len + 1):
+                get(c, k)
+
+    def decide() -> tuple[tuple[CellVerdict, ...], dict[int, int], dict[int, int]]:
+        verdicts = tuple(
+            evaluate_cell(
+                cell,
+                cells[(c, 0)],
+                alphas=alphas.get(c),
+                n_boot=n_boot,
+                confidence=confidence,
+                seed=seed,
+            )
+            for (c, k), cell in sorted(cells.items())
+            if k > 0
+        )
+        ranking = _ranking_ratios(cells, verdicts)
+        args = (concs, verdicts, ranking, min_gain, accept_inconclusive)
+        return verdicts, _final_choices(*args), _final_choices(*args, cap=False)
+
+    verdicts, choices, uncapped = decide()
+    if predictions and uncapped != choices:
+        # The best cells rise above the smallest concurrency's choice, which a schedule cannot
+        # write. For each draft length measured there, confirm the predicted best cell at most
+        # that long at every concurrency that wanted more, so the writable options are measured.
+        first = concs[0]
+        extra = False
+        for k1 in sorted(k for c, k in cells if c == first and k > 0):
+            for c in concs[1:]:
+                options = [p for p in predictions if p.concurrency == c and 1 <= p.k <= k1]
+                best = min(options, key=lambda p: (p.ratio, p.k), default=None)
+                if uncapped[c] > k1 and best is not None and best.ratio < 1.0 + close_margin:
+                    extra |= (c, best.k) not in cells
+                    get(c, best.k)
+        if extra:
+            verdicts, choices, uncapped = decide()
+    if uncapped != choices:
+        notes.append(
+            f"best measured draft lengths {uncapped} exceed the smallest concurrency's; a "
+            f"draft_len_schedule cannot, so the best writable set was chosen: {choices}"
+        )
+    by_key = {(p.concurrency, p.k): p for p in predictions}
+    checks = tuple(
+        PredictionCheck(v.concurrency, v.k, p.ratio, v.ratio, v.ci_low, v.ci_high)
+        for v in verdicts
+        if (p := by_key.get((v.concurrency, v.k))) is not None
+    )
+    return TuneResult(
+        engine=engine,
+        method=method,
+        searched_max_draft_len=max_draft_len,
+        concurrencies=concs,
+        choices=choices,
+        predicted_choices=predicted_choices,
+        schedule=schedule_from_choices(choices, semantics),
+        schedule_semantics=semantics,
+        gate=gate_from_choices(choices),
+        break_even_concurrency=break_even_concurrency(choices),
+        cells=verdicts,
+        predictions=predictions,
+        checks=checks,
+        cost_model=model,
+        measured_now=tuple(measured_now),
+        reused=tuple(sorted(reused)),
+        full_grid_runs=len(grid),
+        notes=tuple(notes),
+    )
+
+
+def _confirm(
+    concurrency: int,
+    predictions: Sequence[CellPrediction],
+    close_margin: float,
+    get: Callable[[int, int], CellMeasurement],
+) -> None:
+    """Measure the predicted best cell (if it may pay) and its close neighbours."""
+    if not predictions:
+        return
+    by_k = {p.k: p for p in predictions}
+    best = min(predictions, key=lambda p: (p.ratio, p.k))
+    if best.ratio >= 1.0 + close_margin:
+        return
+    get(concurrency, best.k)
+    for k in (best.k - 1, best.k + 1):
+        p = by_k.get(k)
+        if p is not None and p.ratio <= best.ratio * (1.0 + close_margin):
+            get(concurrency, k)
+
+
+def _ranking_ratios(
+    cells: Mapping[CellKey, CellMeasurement], verdicts: Sequence[CellVerdict]
+) -> dict[CellKey, float]:
+    """Per speculative cell, the ratio used to rank the cells that pay at one concurrency.
+
+    ``c_k / E_pooled[tokens | k]``: the cell's measured step cost ratio over the tokens per step
+    predicted from acceptance pooled over every cell measured at that concurrency. For a chain
+    drafter acceptance at a position does not depend on ``k``, so pooling removes most of the
+    sampling noise that makes cells a few percent apart swap places; the step cost is measured
+    precisely. Acceptance is pooled from per-position counts where the engine gives them, else
+    as a constant ``alpha`` (each cell's measured tokens per step inverted through Leviathan's
+    form, weighted by request-steps). A cell's own ratio where neither exists.
+    """
+    counts_at: dict[int, PositionCounts] = {}
+    alpha_sums: dict[int, list[float]] = {}  # concurrency -> [sum of w * alpha, sum of w]
+    for (c, k), cell in sorted(cells.items()):
+        if k == 0:
+            continue
+        if cell.positions is not None:
+            counts_at[c] = counts_at[c].merged(cell.positions) if c in counts_at else cell.positions
+            continue
+        tokens = cell.tokens_per_step()
+        if tokens is not None:
+            weight = float(sum(s.batch_size for s in cell.iterations) or 1)
+            alpha = constant_alpha_for(min(max(tokens, 1.0), k + 1.0), k)
+            acc = alpha_sums.setdefault(c, [0.0, 0.0])
+            acc[0] += weight * alpha
+            acc[1] += weight
+    ranking: dict[CellKey, float] = {}
+    for v in verdicts:
+        key = (v.concurrency, v.k)
+        counts = counts_at.get(v.concurrency)
+        tokens_pooled: float | None = None
+        if counts is not None and counts.steps and counts.max_draft_len >= v.k:
+            tokens_pooled = expected_tokens_per_step(counts.alphas(), v.k)
+        elif v.concurrency in alpha_sums:
+            total, weight = alpha_sums[v.concurrency]
+            tokens_pooled = leviathan_expected_tokens(total / weight, v.k)
+        if v.step_cost_ratio is None or tokens_pooled is None:
+            ranking[key] = v.ratio
+        else:
+            ranking[key] = v.step_cost_ratio / tokens_pooled
+    return ranking
+
+
+def _final_choices(
+    concurrencies: Sequence[int],
+    verdicts: Sequence[CellVerdict],
+    ranking: Mapping[CellKey, float],
+    min_gain: float,
+    accept_inconclusive: bool,
+    *,
+    cap: bool = True,
+) -> dict[int, int]:
+    """The draft length per concurrency, from measured cells that pay.
+
+    Without ``cap``: at each concurrency the best-ranked eligible cell, else 0. With ``cap`` the
+    choices must be writable as a TensorRT-LLM schedule, i.e. none above the choice at the
+    smallest concurrency (which becomes ``max_draft_len``). Every eligible first choice ``k1``
+    (and 0) is tried, each other concurrency takes its best eligible cell with ``k <= k1``, and
+    the set with the lowest sum of ranking ratios (1 for "off") over concurrencies wins, ties to
+    the smaller ``k1``: concurrencies count equally, since the traffic mix is unknown.
+    """
+
+    def eligible(v: CellVerdict) -> bool:
+        if v.ratio >= 1.0 - min_gain:
+            return False
+        return v.verdict == "pays" or (accept_inconclusive and v.verdict == "inconclusive")
+
+    scores: dict[int, dict[int, float]] = {c: {} for c in concurrencies}
+    for v in verdicts:
+        if v.concurrency in scores and eligible(v):
+            scores[v.concurrency][v.k] = ranking[(v.concurrency, v.k)]
+
+    def best_up_to(c: int, limit: int | None) -> tuple[int, float]:
+        options = [(score, k) for k, score in scores[c].items() if limit is None or k <= limit]
+        score, k = min(options, default=(1.0, 0))
+        return k, score
+
+    if not cap:
+        return {c: best_up_to(c, None)[0] for c in concurrencies}
+    first, rest = concurrencies[0], concurrencies[1:]
+    best: tuple[float, int, dict[int, int]] | None = None
+    for k1 in sorted({0, *scores[first]}):
+        choices = {first: k1}
+        total = scores[first].get(k1, 1.0)
+        for c in rest:
+            k, score = best_up_to(c, k1) if k1 > 0 else (0, 1.0)
+            choices[c] = k
+            total += score
+        if best is None or total < best[0]:
+            best = (total, k1, choices)
+    assert best is not None  # k1 = 0 is always tried
+    return best[2]

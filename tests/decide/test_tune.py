@@ -1,0 +1,222 @@
+"""The tune planner on a synthetic world with known costs and acceptance."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from spectool.decide.cell import CellMeasurement
+from spectool.decide.model import draft_len_for_batch
+from spectool.decide.tune import initial_plan, spread, tune
+from spectool.errors import BadInputError
+
+from .world import World
+
+CONCURRENCIES = (1, 2, 4, 8, 16, 32, 64)
+K = 6
+
+
+class Recorder:
+    """A measure callback that counts calls and can fail after a number of them."""
+
+    def __init__(self, world: World, fail_after: int | None = None) -> None:
+        self.world = world
+        self.calls: list[tuple[int, int]] = []
+        self.done: dict[tuple[int, int], CellMeasurement] = {}
+        self.fail_after = fail_after
+
+    def __call__(self, c: int, k: int) -> CellMeasurement:
+        if self.fail_after is not None and len(self.calls) >= self.fail_after:
+            raise RuntimeError("server died")
+        self.calls.append((c, k))
+        cell = self.world.measure(c, k)
+        self.done[(c, k)] = cell
+        return cell
+
+
+def assert_near_best(world: World, choices: dict[int, int], tolerance: float = 0.02) -> None:
+    """Each choice is the true best k, or within ``tolerance`` of its true per-token ratio."""
+    for c, k in choices.items():
+        best = world.true_best(c, K)
+        if best == 0:
+            assert k == 0, (c, k)
+            continue
+        assert k > 0, (c, k)
+        assert world.true_ratio(c, k) <= world.true_ratio(c, best) * (1 + tolerance), (c, k, best)
+
+
+def test_picks_the_true_best_k_with_far_fewer_runs() -> None:
+    world = World()
+    measure = Recorder(world)
+    result = tune(CONCURRENCIES, K, measure, n_boot=300, method="Eagle3")
+    assert_near_best(world, result.choices)
+    # Where the best k is clear (>= 3% ahead of every other), it is found exactly.
+    for c in CONCURRENCIES:
+        ratios = sorted(world.true_ratio(c, k) for k in range(K + 1))
+        if ratios[1] > ratios[0] * 1.03:
+            assert result.choices[c] == world.true_best(c, K), c
+    assert result.break_even_concurrency == 64
+    assert len(measure.calls) == len(set(measure.calls)) == len(result.measured_now)
+    assert result.full_grid_runs == len(CONCURRENCIES) * (K + 1) == 49
+    assert len(measure.calls) <= result.full_grid_runs // 2
+    # The model was fitted from the planned cells and predicted the confirmed cells well.
+    assert result.cost_model is not None
+    assert result.cost_model.rms_residual_ms < 0.5
+    assert result.checks
+    assert all(
+        abs(ch.predicted_ratio - ch.measured_ratio) < 0.05 * ch.measured_ratio
+        for ch in result.checks
+    )
+    # The schedule TensorRT-LLM would apply gives the chosen k at every measured concurrency.
+    for c, k in result.choices.items():
+        assert draft_len_for_batch(result.schedule, c) == k
+    assert result.max_draft_len == result.choices[1]
+
+
+def test_decision_json_shape() -> None:
+    result = tune(
+        CONCURRENCIES, K, World().measure, n_boot=200, engine="tensorrt-llm", method="Eagle3"
+    )
+    decision = json.loads(json.dumps(result.to_decision_json()))
+    for key in ("engine", "method", "max_draft_len", "schedule", "break_even_concurrency", "cells"):
+        assert key in decision
+    assert decision["engine"] == "tensorrt-llm"
+    assert decision["method"] == "Eagle3"
+    assert decision["schedule"] == {str(c): k for c, k in result.choices.items()}
+    assert {int(b): k for b, k in decision["draft_len_schedule"].items()} == result.schedule
+    assert len(decision["cells"]) == len(result.cells) > 0
+    assert all(cell["k"] > 0 for cell in decision["cells"])
+    assert {cell["verdict"] for cell in decision["cells"]} <= {
+        "pays",
+        "does_not_pay",
+        "inconclusive",
+    }
+    assert decision["runs"]["full_grid"] == 49
+
+
+def test_resume_never_measures_a_finished_cell_again() -> None:
+    world = World()
+    first = Recorder(world, fail_after=14)
+    with pytest.raises(RuntimeError, match="server died"):
+        tune(CONCURRENCIES, K, first, n_boot=200)
+    assert len(first.done) == 14
+    second = Recorder(world)
+    result = tune(CONCURRENCIES, K, second, n_boot=200, finished=first.done)
+    assert not set(second.calls) & set(first.done)
+    assert set(result.reused) == set(first.done)
+    # Same cells, same seeds: the resumed decision equals an uninterrupted one.
+    fresh = tune(CONCURRENCIES, K, World().measure, n_boot=200)
+    assert result.choices == fresh.choices
+    assert [c.to_json() for c in result.cells] == [c.to_json() for c in fresh.cells]
+    # A complete set of finished cells: nothing at all is measured.
+    third = Recorder(world)
+    again = tune(CONCURRENCIES, K, third, n_boot=200, finished={**first.done, **second.done})
+    assert third.calls == []
+    assert again.choices == result.choices
+
+
+def test_client_timings_with_acceptance_counts() -> None:
+    """No iteration stats: TPOT-based costs and per-position counts still drive the search."""
+    world = World(with_iterations=False, with_records=True, noise=0.01)
+    concs = (1, 4, 16, 64)
+    measure = Recorder(world)
+    result = tune(concs, K, measure, n_boot=300)
+    assert all(v.source == "requests" for v in result.cells)
+    assert_near_best(world, result.choices, tolerance=0.04)
+    assert result.choices[64] == 0
+    assert result.choices[1] > 0
+    assert len(measure.calls) < len(concs) * (K + 1)
+
+
+def test_without_acceptance_or_step_times_the_full_grid_is_measured() -> None:
+    world = World(with_iterations=False, with_positions=False, with_records=True)
+    measure = Recorder(world)
+    result = tune((1, 64), 2, measure, n_boot=200)
+    assert sorted(measure.calls) == [(c, k) for c in (1, 64) for k in range(3)]
+    assert result.cost_model is None
+    assert result.predictions == ()
+    assert any("full grid" in note for note in result.notes)
+    assert result.choices[64] == 0
+    assert result.choices[1] > 0
+
+
+def test_acceptance_length_only_fits_a_constant_alpha() -> None:
+    # Iteration stats but no per-position counts (TensorRT-LLM reports only acceptanceLength).
+    world = World(with_positions=False, alphas=(0.6,) * K)
+    result = tune((1, 8, 64), K, world.measure, n_boot=200)
+    assert result.cost_model is not None
+    assert result.predictions
+    assert_near_best(world, result.choices, tolerance=0.03)
+
+
+def test_nothing_pays_turns_speculation_off() -> None:
+    world = World(per_draft_pass_ms=12.0, alphas=(0.2,) * K)
+    result = tune((1, 8, 64), K, world.measure, n_boot=200)
+    assert result.choices == {1: 0, 8: 0, 64: 0}
+    assert result.schedule == {}
+    assert result.max_draft_len == 0
+    assert result.gate is None
+    assert result.break_even_concurrency == 1
+
+
+def test_single_draft_length_gives_a_concurrency_gate() -> None:
+    world = World()
+    result = tune((1, 8, 16, 64), 1, world.measure, n_boot=300)
+    assert result.choices == {1: 1, 8: 1, 16: 1, 64: 0}
+    assert result.gate is not None
+    assert (result.gate.max_draft_len, result.gate.max_concurrency) == (
+        1,
+        16,
+    )
+
+
+def test_choices_that_rise_with_concurrency_are_made_writable() -> None:
+    """Poor acceptance at concurrency 1, good at 8: the unconstrained best (1 then 4) cannot be a
+    schedule (its first value is max_draft_len), so the best writable pair is measured and kept."""
+    low = World(alphas=(0.55, 0.2, 0.1, 0.1, 0.1, 0.1))
+    high = World(alphas=(0.95, 0.9, 0.85, 0.8, 0.75, 0.7))
+    assert (low.true_best(1, K), high.true_best(8, K)) == (1, 4)
+
+    def true_ratio(c: int, k: int) -> float:
+        return (low if c == 1 else high).true_ratio(c, k)
+
+    writable = {
+        k1: true_ratio(1, k1) + min(true_ratio(8, k) for k in range(k1 + 1)) for k1 in range(K + 1)
+    }
+    best_k1 = min(writable, key=writable.__getitem__)
+    result = tune((1, 8), K, lambda c, k: (low if c == 1 else high).measure(c, k), n_boot=300)
+    assert result.choices == {1: best_k1, 8: best_k1} == {1: 2, 8: 2}
+    assert any("writable" in note for note in result.notes)
+    assert result.schedule == {8: 2}
+    assert result.max_draft_len == 2
+
+
+def test_initial_plan_and_spread() -> None:
+    assert spread(CONCURRENCIES, 2) == (1, 64)
+    assert spread(CONCURRENCIES, 3) == (1, 8, 64)
+    assert spread((4,), 2) == (4,)
+    plan = initial_plan(CONCURRENCIES, K)
+    assert plan[: len(CONCURRENCIES)] == tuple((c, 0) for c in CONCURRENCIES)
+    assert set(plan[len(CONCURRENCIES) :]) == {(1, K), (64, K), (1, 1), (64, 1)}
+    assert initial_plan((1, 64), 1) == ((1, 0), (64, 0), (1, 1), (64, 1))
+
+
+def test_bad_calls_are_refused() -> None:
+    world = World()
+    with pytest.raises(BadInputError, match="max_draft_len"):
+        tune((1,), 0, world.measure)
+    with pytest.raises(BadInputError, match="returned the cell"):
+        tune((1, 2), 2, lambda c, k: world.measure(c, k + 1))
+    stored = {(1, 0): world.measure(2, 0)}
+    with pytest.raises(BadInputError, match="stored under"):
+        tune((1, 2), 2, world.measure, finished=stored)
+    with pytest.raises(BadInputError, match="concurrency"):
+        tune((), 2, world.measure)
+
+
+def test_world_is_deterministic() -> None:
+    a, b = World().measure(4, 2), World().measure(4, 2)
+    assert a == b
+    assert replace(World(), seed=1).measure(4, 2) != a
