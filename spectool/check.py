@@ -23,6 +23,9 @@ DEFAULT_PROFILE = "demo"
 TORCH_ENGINE_METHODS = ("draft_model", "ngram")
 TORCH_ENGINE_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 DEFAULT_MAX_SEQ_LEN = 8192
+# Judged against when TensorRT-LLM is not installed and no --trtllm-version is given: the newest
+# release on PyPI (1.2.1) at the time of writing.
+DEFAULT_TRTLLM_RELEASE = "1.2"
 
 
 @dataclass(frozen=True)
@@ -238,12 +241,13 @@ def _trtllm_rules(
     req: CheckRequest, method: str, target: Checkpoint, drafter: Checkpoint | None, gpu_spec: Any
 ) -> tuple[dict[str, Any], list[Finding]]:
     from spectool.trtllm import releases
+    from spectool.trtllm.support import support_findings
 
     installed = releases.detect_installed_version()
     version = req.trtllm_version or installed
-    release = releases.resolve_release(version)
+    release = releases.release_for_version(version) if version else DEFAULT_TRTLLM_RELEASE
     drafter_kind = "mtp" if method == "mtp" else (drafter.kind if drafter else None)
-    findings = releases.support_findings(
+    findings = support_findings(
         method,
         target_architecture=target.architecture,
         drafter_kind=drafter_kind,
