@@ -1,0 +1,131 @@
+"""Tiny random Llama / Qwen2 / Qwen3 checkpoints written as real Hugging Face folders.
+
+transformers only builds and saves them (and serves as the reference in parity tests); the
+engine under test reads the folders with its own loader. A word-level tokenizer whose tokens are
+``t0 .. t{V-1}`` (``<bos>`` = 0, ``<eos>`` = 1) goes beside every model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch  # noqa: TID253 (engine tests use torch throughout)
+
+BOS_ID = 0
+EOS_ID = 1
+
+
+def write_tokenizer(folder: Path, vocab_size: int) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<bos>": BOS_ID, "<eos>": EOS_ID}
+    vocab.update({f"t{i}": i for i in range(2, vocab_size)})
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t2"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(["<bos>", "<eos>"])
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": "<bos>", "eos_token": "<eos>"}), encoding="utf-8"
+    )
+
+
+def write_checkpoint(
+    folder: Path,
+    arch: str = "llama",
+    *,
+    seed: int = 0,
+    vocab_size: int = 64,
+    hidden_size: int = 32,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 64,
+    init_range: float = 0.5,
+    tie: bool = False,
+    max_shard_size: str | None = None,
+    noise: float = 0.0,
+    **extra: Any,
+) -> Path:
+    """Save a random ``arch`` model (llama, qwen2, qwen3) with a tokenizer into ``folder``.
+
+    ``noise`` > 0 perturbs every weight after the seeded init: the same ``seed`` with a little
+    noise gives a drafter that agrees with the target often, but not always.
+    """
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
+
+    classes = {
+        "llama": (LlamaConfig, LlamaForCausalLM),
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+        "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+    }
+    config_cls, model_cls = classes[arch]
+    kwargs: dict[str, Any] = {
+        "vocab_size": vocab_size,
+        "hidden_size": hidden_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": num_kv_heads,
+        "intermediate_size": intermediate_size,
+        "initializer_range": init_range,
+        "tie_word_embeddings": tie,
+        "max_position_embeddings": 256,
+        "bos_token_id": BOS_ID,
+        "eos_token_id": EOS_ID,
+        "rms_norm_eps": 1e-6,
+    }
+    kwargs.update(extra)
+    torch.manual_seed(seed)
+    model = model_cls(config_cls(**kwargs)).eval()
+    with torch.no_grad():  # random norms so that a wrong norm mapping cannot go unnoticed
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.uniform_(0.5, 1.5)
+            elif name.endswith(".bias"):
+                param.normal_(0.0, init_range)
+        if noise > 0:
+            noise_gen = torch.Generator().manual_seed(seed + 1000)
+            for param in model.parameters():
+                param.add_(torch.randn(param.shape, generator=noise_gen) * noise)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_kwargs: dict[str, Any] = {"safe_serialization": True}
+    if max_shard_size is not None:
+        save_kwargs["max_shard_size"] = max_shard_size
+    model.save_pretrained(folder, **save_kwargs)
+    write_tokenizer(folder, vocab_size)
+    return folder
+
+
+def chi_square_pvalue(
+    counts: torch.Tensor, probs: torch.Tensor, min_expected: float = 5.0
+) -> float:
+    """Pearson chi-square goodness-of-fit p-value of observed ``counts`` against ``probs``.
+
+    Cells expected fewer than ``min_expected`` times are pooled into one cell; a count in a cell
+    of probability 0 gives p = 0. The p-value is the regularized upper incomplete gamma
+    ``Q(df / 2, stat / 2)`` (no scipy needed).
+    """
+    counts = counts.flatten().double()
+    probs = probs.flatten().double()
+    if bool((counts[probs == 0] > 0).any()):
+        return 0.0
+    expected = probs / probs.sum() * counts.sum()
+    small = expected < min_expected
+    observed_cells = [counts[~small]]
+    expected_cells = [expected[~small]]
+    if bool(small.any()) and float(expected[small].sum()) > 0:
+        observed_cells.append(counts[small].sum().view(1))
+        expected_cells.append(expected[small].sum().view(1))
+    observed = torch.cat(observed_cells)
+    expect = torch.cat(expected_cells)
+    stat = ((observed - expect) ** 2 / expect).sum()
+    dof = observed.numel() - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2), stat / 2))

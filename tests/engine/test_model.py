@@ -1,0 +1,164 @@
+"""The engine's Transformer computes what transformers computes for the same checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch  # noqa: TID253 (engine tests use torch throughout)
+
+from spectool.engine.load import load_model
+from spectool.engine.model import ModelArgs
+from spectool.errors import CheckpointError
+
+from .helpers import write_checkpoint
+
+TOL = 1e-4
+
+CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    # GQA 4:2, llama3 rope scaling whose thresholds put head frequencies in all three bands.
+    "llama-gqa-llama3rope-untied": (
+        "llama",
+        {
+            "rope_theta": 10000.0,
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        },
+    ),
+    "llama-mha-linearrope-tied": (
+        "llama",
+        {"num_kv_heads": 4, "tie": True, "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+    ),
+    "qwen2-qkvbias-untied": ("qwen2", {}),
+    "qwen3-qknorm-headdim16-bias-untied": ("qwen3", {"head_dim": 16, "attention_bias": True}),
+    "qwen3-qknorm-tied": ("qwen3", {"head_dim": 8, "tie": True}),
+}
+
+
+def _hf_model(folder: Path, arch: str) -> torch.nn.Module:
+    from transformers import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
+
+    cls = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM}[arch]
+    return cls.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_logits_match_transformers(tmp_path: Path, case: str) -> None:
+    arch, kwargs = CASES[case]
+    folder = write_checkpoint(tmp_path / case, arch, seed=3, init_range=0.2, **kwargs)
+    hf = _hf_model(folder, arch)
+    ours = load_model(folder, max_seq_len=64)
+    assert ours.args.tie_word_embeddings == kwargs.get("tie", False)
+    if ours.args.tie_word_embeddings:
+        assert ours.output.weight.data_ptr() == ours.tok_embeddings.weight.data_ptr()
+    gen = torch.Generator().manual_seed(0)
+    long_ids = torch.randint(0, 64, (1, 40), generator=gen)
+    short_ids = torch.randint(0, 64, (1, 23), generator=gen)
+    with torch.no_grad():
+        ref_long = hf(long_ids).logits[0]  # [40, V]
+        ref_short = hf(short_ids).logits[0]  # [23, V]
+
+        # Whole sequence, no cache.
+        got = ours(long_ids, torch.arange(40)[None])[0]
+        assert (got - ref_long).abs().max() < TOL
+
+        # Through the KV cache, two rows of different lengths in one padded batch: a prefill
+        # chunk, then a 5-token chunk, then single tokens, each row at its own positions.
+        cache = ours.new_cache(max_batch_size=4, max_seq_len=64)
+        slots = torch.tensor([2, 0])
+        seqs = [long_ids[0], short_ids[0]]
+        refs = [ref_long, ref_short]
+        cuts = [(0, 30, 35, 40), (0, 11, 16, 23)]
+        for phase in range(3):
+            chunks = [(c[phase], c[phase + 1]) for c in cuts]
+            width = max(end - start for start, end in chunks)
+            tokens = torch.zeros(2, width, dtype=torch.long)
+            positions = torch.full((2, width), -1, dtype=torch.long)
+            for b, (start, end) in enumerate(chunks):
+                tokens[b, : end - start] = seqs[b][start:end]
+                positions[b, : end - start] = torch.arange(start, end)
+            logits = ours(tokens, positions, cache, slots)
+            for b, (start, end) in enumerate(chunks):
+                diff = (logits[b, : end - start] - refs[b][start:end]).abs().max()
+                assert diff < TOL, (phase, b, float(diff))
+
+
+def test_select_returns_only_requested_steps(target_dir: Path) -> None:
+    model = load_model(target_dir, max_seq_len=32)
+    ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(1))
+    positions = torch.arange(9).expand(2, 9)
+    with torch.no_grad():
+        full = model(ids, positions)
+        picked = model(ids, positions, select=torch.tensor([[8], [3]]))
+    assert picked.shape == (2, 1, 64)
+    assert torch.equal(picked[0, 0], full[0, 8])
+    assert torch.equal(picked[1, 0], full[1, 3])
+
+
+BASE_CONFIG: dict[str, Any] = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 64,
+    "vocab_size": 64,
+}
+
+
+def test_model_args_from_transformers4_layout() -> None:
+    config = {
+        **BASE_CONFIG,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "factor": 32.0,
+            "high_freq_factor": 4.0,
+            "low_freq_factor": 1.0,
+            "original_max_position_embeddings": 8192,
+            "rope_type": "llama3",
+        },
+        "tie_word_embeddings": True,
+    }
+    args = ModelArgs.from_hf_config(config)
+    assert args.rope_theta == 500000.0
+    assert args.rope_scaling.rope_type == "llama3"
+    assert args.rope_scaling.factor == 32.0
+    assert (args.head_dim, args.n_kv_heads, args.tie_word_embeddings) == (8, 2, True)
+
+
+def test_qwen2_always_has_qkv_bias_and_no_o_bias() -> None:
+    args = ModelArgs.from_hf_config(
+        {**BASE_CONFIG, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}
+    )
+    assert (args.qkv_bias, args.o_bias, args.qk_norm) == (True, False, False)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}, "unsupported model_type"),
+        ({"architectures": ["EagleForCausalLM"]}, "unsupported architectures"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "unsupported rope_type"),
+        ({"use_sliding_window": True}, "sliding-window"),
+        ({"num_key_value_heads": 3}, "not a multiple"),
+        ({"hidden_size": None}, "malformed"),
+    ],
+)
+def test_unsupported_configs_raise_checkpoint_error(change: dict[str, Any], message: str) -> None:
+    config = {**BASE_CONFIG, **change}
+    with pytest.raises(CheckpointError, match=message):
+        ModelArgs.from_hf_config(config, where="config.json")
+
+
+def test_missing_field_names_it() -> None:
+    config = dict(BASE_CONFIG)
+    del config["intermediate_size"]
+    with pytest.raises(CheckpointError, match="lacks 'intermediate_size'"):
+        ModelArgs.from_hf_config(config, where="config.json")
