@@ -65,3 +65,9 @@ class ChildProcessError_(SpectoolError):
     """A launched child process failed (server died, build failed). Exit code 3."""
 
     exit_code = 3
+
+
+class EngineLoadError(SpectoolError):
+    """The embedded engine could not load the model it was asked to serve (exit code 3)."""
+
+    exit_code = 3

@@ -1,0 +1,8 @@
+"""spectool's OpenAI-compatible HTTP server over the embedded engine (FastAPI + uvicorn).
+
+Modules: ``schemas`` (request/response bodies), ``driver`` (the engine on its own thread, one
+asyncio stream per request, stop strings), ``metrics`` (iteration stats as TensorRT-LLM's
+``/metrics`` JSON), ``app`` (``create_app``: routes and errors), ``run`` (uvicorn, binding,
+shutdown). Nothing is imported here, so ``import spectool.server`` loads neither torch nor
+FastAPI.
+"""

@@ -1,0 +1,89 @@
+"""Engine iteration stats -> the JSON objects TensorRT-LLM's ``GET /metrics`` returns.
+
+trtllm-serve answers ``/metrics`` with a list of per-iteration objects (camelCase, drained on
+read). spectool's server emits the same keys so one client and one parser
+(:mod:`spectool.trtllm.iter_stats`) read both servers. Semantics follow TensorRT-LLM's PyTorch
+executor:
+
+- ``specDecodingStats.acceptanceLength`` = (accepted + requests with drafts) / requests with
+  drafts, the mean tokens a drafting request gained this iteration (0.0 when none drafted);
+- ``specDecodingStats.iterLatencyMS`` is the drafter's time, ``draftOverhead`` = draft ms /
+  iteration ms;
+- no ``specDecodingStats`` key at all when speculation is off (``method="none"``).
+
+KV cache: the engine reserves ``max_seq_len`` positions per batch slot; the stats count
+positions, so ``tokensPerBlock`` is 1, ``maxNumBlocks`` is max_batch_size x max_seq_len and
+``usedNumBlocks`` the positions holding tokens after the iteration. There is no prefix reuse:
+``reusedBlocks`` and ``missedBlocks`` are 0.
+
+``spectoolStats`` adds what TensorRT-LLM does not report: accepted and drafted counts per draft
+position, the phase times (ms) and the scheduled draft length.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from spectool.engine.engine import IterationStats
+
+# TensorRT-LLM's PyTorch executor stamps iterations with this local-time format.
+TIMESTAMP_FORMAT = "%m-%d-%Y %H:%M:%S.%f"
+TOKENS_PER_BLOCK = 1
+
+
+def format_timestamp(epoch_s: float) -> str:
+    """``epoch_s`` (seconds since the epoch) in TensorRT-LLM's iteration-stats format."""
+    return datetime.fromtimestamp(epoch_s).strftime(TIMESTAMP_FORMAT)
+
+
+def iteration_stats_json(stats: IterationStats) -> dict[str, Any]:
+    """One iteration as a TensorRT-LLM ``/metrics`` entry (plus ``spectoolStats``)."""
+    used_blocks = stats.used_num_tokens // TOKENS_PER_BLOCK
+    max_blocks = stats.max_num_tokens // TOKENS_PER_BLOCK
+    entry: dict[str, Any] = {
+        "timestamp": format_timestamp(stats.timestamp),
+        "iter": stats.iter,
+        "iterLatencyMS": stats.iter_latency_ms,
+        "numActiveRequests": stats.num_active_requests,
+        "numQueuedRequests": stats.num_queued_requests,
+        "numNewActiveRequests": stats.num_new_active_requests,
+        "numCompletedRequests": stats.num_completed_requests,
+        "maxNumActiveRequests": stats.max_batch_size,
+        "maxBatchSizeStatic": stats.max_batch_size,
+        "maxNumTokensStatic": stats.max_num_tokens,
+        "kvCacheStats": {
+            "maxNumBlocks": max_blocks,
+            "freeNumBlocks": max_blocks - used_blocks,
+            "usedNumBlocks": used_blocks,
+            "tokensPerBlock": TOKENS_PER_BLOCK,
+            "allocTotalBlocks": used_blocks,
+            "reusedBlocks": 0,
+            "missedBlocks": 0,
+            "cacheHitRate": 0.0,
+        },
+    }
+    if stats.drafted_per_pos:  # speculation configured (one entry per draft position)
+        with_drafts = stats.num_requests_with_draft_tokens
+        entry["specDecodingStats"] = {
+            "numDraftTokens": stats.num_draft_tokens,
+            "numAcceptedTokens": stats.num_accepted_tokens,
+            "numRequestsWithDraftTokens": with_drafts,
+            "acceptanceLength": (
+                (stats.num_accepted_tokens + with_drafts) / with_drafts if with_drafts else 0.0
+            ),
+            "iterLatencyMS": stats.draft_ms,
+            "draftOverhead": (
+                stats.draft_ms / stats.iter_latency_ms if stats.iter_latency_ms > 0 else 0.0
+            ),
+        }
+    entry["spectoolStats"] = {
+        "acceptedPerPos": list(stats.accepted_per_pos),
+        "draftedPerPos": list(stats.drafted_per_pos),
+        "draftMS": stats.draft_ms,
+        "verifyMS": stats.verify_ms,
+        "coordMS": stats.coord_ms,
+        "prefillMS": stats.prefill_ms,
+        "draftLen": stats.draft_len,
+    }
+    return entry

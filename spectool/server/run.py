@@ -1,0 +1,123 @@
+"""Run the server app under uvicorn: bind (127.0.0.1 unless told otherwise), serve, stop cleanly.
+
+spectool binds the listening socket itself before uvicorn starts, so a busy port is a
+:class:`~spectool.errors.BadInputError` (exit 2) instead of uvicorn's ``sys.exit``, and port 0
+picks a free port the caller can read back. uvicorn handles SIGINT and SIGTERM: it stops
+accepting connections, lets in-flight requests finish for up to ``GRACEFUL_SHUTDOWN_S``, then
+the app's shutdown stops the engine thread. A model that fails to load stops the server and is
+raised again from :func:`serve`.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import socket
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI
+from uvicorn.config import LOGGING_CONFIG
+
+from spectool.engine.engine import Engine, EngineConfig
+from spectool.errors import BadInputError, EngineLoadError, SpectoolError
+from spectool.server.app import ServerState, create_app
+
+__all__ = ["DEFAULT_HOST", "bind_socket", "make_server", "serve", "serve_checkpoint"]
+
+logger = logging.getLogger("spectool.server")
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+GRACEFUL_SHUTDOWN_S = 5
+LISTEN_BACKLOG = 2048
+
+
+def bind_socket(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (port 0: any free port; read it with getsockname)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise BadInputError(
+            f"{host}:{port}", f"cannot listen there: {exc.strerror or exc}"
+        ) from exc
+    return sock
+
+
+def _log_config(log_level: str) -> dict[str, Any]:
+    """uvicorn's logging set-up plus the ``spectool`` logger (model loading, engine failures)."""
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config["loggers"]["spectool"] = {
+        "handlers": ["default"],
+        "level": log_level.upper(),
+        "propagate": False,
+    }
+    return config
+
+
+def make_server(
+    app: FastAPI, *, log_level: str = "info", access_log: bool = True
+) -> uvicorn.Server:
+    """A uvicorn server for ``app`` that stops by itself if the model fails to load."""
+    config = uvicorn.Config(
+        app,
+        log_level=log_level,
+        log_config=_log_config(log_level),
+        access_log=access_log,
+        lifespan="on",
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        backlog=LISTEN_BACKLOG,
+    )
+    server = uvicorn.Server(config)
+    state: ServerState = app.state.spectool
+
+    def stop(_: BaseException) -> None:
+        server.should_exit = True
+
+    state.on_load_error.append(stop)
+    return server
+
+
+def serve(
+    app: FastAPI,
+    *,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    log_level: str = "info",
+    access_log: bool = True,
+) -> None:
+    """Serve ``app`` until SIGINT/SIGTERM; blocks. Re-raises a model load failure."""
+    sock = bind_socket(host, port)
+    server = make_server(app, log_level=log_level, access_log=access_log)
+    bound_host, bound_port = sock.getsockname()[:2]
+    shown_host = f"[{bound_host}]" if ":" in bound_host else bound_host
+    logger.info("listening on http://%s:%d (Ctrl-C to stop)", shown_host, bound_port)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+    error = app.state.spectool.load_error
+    if isinstance(error, SpectoolError):
+        raise error
+    if error is not None:
+        raise EngineLoadError(f"model failed to load: {error}") from error
+
+
+def serve_checkpoint(
+    target: Path,
+    drafter: Path | None = None,
+    config: EngineConfig = EngineConfig(),  # noqa: B008 (frozen, safe to share)
+    *,
+    model_name: str,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    log_level: str = "info",
+) -> None:
+    """Serve ``target`` (and ``drafter``) with the embedded engine on ``host:port``; blocks."""
+    app = create_app(lambda: Engine(target, drafter, config), model_name=model_name)
+    serve(app, host=host, port=port, log_level=log_level)

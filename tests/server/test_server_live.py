@@ -1,0 +1,222 @@
+"""A real uvicorn server on 127.0.0.1 (in a thread): concurrency, disconnects, clean shutdown.
+
+The engine speculates (draft_model, k=3) with ``max_batch_size`` 16, so 128 concurrent clients
+make the engine batch 16 and queue the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from server_helpers import LiveServer, sse_events, start_live_server
+
+from spectool.engine.engine import Engine, EngineConfig, SamplingParams
+from spectool.server.app import create_app
+from spectool.server.driver import AsyncEngine, EngineDeadError, GenerationRequest
+from spectool.trtllm.iter_stats import parse_iteration_stats
+
+MAX_BATCH_SIZE = 16
+NUM_CLIENTS = 128
+MAX_TOKENS = 8
+LOAD_DEADLINE_S = 120.0
+LONG_MAX_TOKENS = 2000  # far more than a test waits for: only an abort ends it early
+WORDS = "the draft model proposes tokens and the target verifies them in one pass".split()
+
+
+@pytest.fixture(scope="module")
+def live(target_dir: Path, drafter_dir: Path) -> Iterator[LiveServer]:
+    config = EngineConfig(
+        method="draft_model", max_draft_len=3, max_batch_size=MAX_BATCH_SIZE, max_seq_len=2048
+    )
+    app = create_app(lambda: Engine(target_dir, drafter_dir, config), model_name="tiny-spec")
+    server = start_live_server(app)
+    yield server
+    server.stop()
+
+
+def _prompts(n: int) -> list[str]:
+    rng = random.Random(1234)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 24))) for _ in range(n)]
+
+
+async def _stream_completion(client: httpx.AsyncClient, prompt: str) -> dict[str, Any]:
+    body = {
+        "prompt": prompt,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_token_ids": True,
+    }
+    async with client.stream("POST", "/v1/completions", json=body) as response:
+        lines = [line async for line in response.aiter_lines()]
+    assert response.status_code == 200, lines
+    events = sse_events(lines)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-2]
+    return {
+        "text": "".join(c["choices"][0]["text"] for c in chunks),
+        "token_ids": [t for c in chunks for t in c["choices"][0]["token_ids"]],
+        "finish_reason": chunks[-1]["choices"][0]["finish_reason"],
+        "usage": events[-2]["usage"],
+    }
+
+
+def test_128_concurrent_streaming_clients_match_one_at_a_time(
+    live: LiveServer, target_dir: Path
+) -> None:
+    prompts = _prompts(NUM_CLIENTS)
+    httpx.get(f"{live.url}/metrics")  # start from an empty stats buffer
+
+    async def run_all() -> tuple[list[Any], float]:
+        limits = httpx.Limits(max_connections=NUM_CLIENTS * 2, max_keepalive_connections=0)
+        async with httpx.AsyncClient(base_url=live.url, limits=limits, timeout=60.0) as client:
+            t0 = time.perf_counter()
+            results = await asyncio.wait_for(
+                asyncio.gather(
+                    *(_stream_completion(client, p) for p in prompts), return_exceptions=True
+                ),
+                LOAD_DEADLINE_S,
+            )
+            return list(results), time.perf_counter() - t0
+
+    concurrent, wall_s = asyncio.run(run_all())
+    errors = [r for r in concurrent if isinstance(r, BaseException)]
+    assert errors == []
+    print(f"\n{NUM_CLIENTS} concurrent streaming clients: {wall_s:.2f} s wall, 0 errors")
+    stats = parse_iteration_stats(httpx.get(f"{live.url}/metrics").json())
+    assert max(s.num_active_requests for s in stats) == MAX_BATCH_SIZE  # batching happened
+    assert max(s.num_queued_requests or 0 for s in stats) > 0  # the rest queued in the engine
+    assert sum(s.num_new_active_requests or 0 for s in stats) == NUM_CLIENTS
+    assert sum(s.num_completed_requests or 0 for s in stats) == NUM_CLIENTS
+    assert stats[-1].num_active_requests <= MAX_BATCH_SIZE
+    assert live.driver.num_unfinished == 0
+
+    async def run_one_at_a_time() -> list[dict[str, Any]]:
+        async with httpx.AsyncClient(base_url=live.url, timeout=60.0) as client:
+            return [await _stream_completion(client, p) for p in prompts]
+
+    sequential = asyncio.run(run_one_at_a_time())
+    assert concurrent == sequential
+    # And both equal plain (non-speculative) greedy decoding of the target.
+    reference = Engine(target_dir, None, EngineConfig(max_batch_size=32, max_seq_len=2048))
+    prompt_ids = [reference.tokenizer.encode(p) for p in prompts]
+    expected = reference.generate(prompt_ids, SamplingParams(max_tokens=MAX_TOKENS))
+    assert [r["token_ids"] for r in sequential] == expected
+    for result, ids, ref_ids in zip(sequential, prompt_ids, expected, strict=True):
+        assert result["text"] == reference.tokenizer.decode(ref_ids)
+        assert result["usage"]["prompt_tokens"] == len(ids)
+        assert result["usage"]["completion_tokens"] == len(ref_ids)
+
+
+def _wait_idle(live: LiveServer, aborts_before: int, deadline_s: float = 20.0) -> None:
+    driver = live.driver
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if (
+            driver.finish_counts["abort"] > aborts_before
+            and driver.num_unfinished == 0
+            and not driver.engine.has_work()
+        ):
+            return
+        time.sleep(0.01)
+    raise AssertionError(
+        f"request not aborted: aborts {driver.finish_counts}, unfinished {driver.num_unfinished}"
+    )
+
+
+def _last_stats(live: LiveServer) -> Any:
+    records = parse_iteration_stats(httpx.get(f"{live.url}/metrics").json())
+    assert records
+    return records[-1]
+
+
+def test_streaming_client_disconnect_frees_its_slot(live: LiveServer) -> None:
+    httpx.get(f"{live.url}/metrics")
+    aborts_before = live.driver.finish_counts["abort"]
+    body = {
+        "prompt": "the draft",
+        "max_tokens": LONG_MAX_TOKENS,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with (
+        httpx.Client(base_url=live.url, timeout=30.0) as client,
+        client.stream("POST", "/v1/completions", json=body) as response,
+    ):
+        assert response.status_code == 200
+        first = next(line for line in response.iter_lines() if line.startswith("data: "))
+        assert '"text"' in first
+    # Leaving the block closed the connection mid-stream.
+    _wait_idle(live, aborts_before)
+    last = _last_stats(live)
+    assert last.num_active_requests == 0
+    assert last.kv_cache is not None and last.kv_cache.used_num_blocks == 0
+
+
+def test_non_streaming_client_disconnect_frees_its_slot(live: LiveServer) -> None:
+    httpx.get(f"{live.url}/metrics")
+    aborts_before = live.driver.finish_counts["abort"]
+    body = {"prompt": "the draft", "max_tokens": LONG_MAX_TOKENS, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{live.url}/v1/completions", json=body, timeout=httpx.Timeout(5.0, read=0.3))
+    _wait_idle(live, aborts_before)
+    assert _last_stats(live).num_active_requests == 0
+
+
+def test_driver_shutdown_ends_streams_and_the_thread(target_dir: Path) -> None:
+    engine = Engine(target_dir, None, EngineConfig(max_batch_size=2, max_seq_len=2048))
+    prompt = tuple(engine.tokenizer.encode("the draft model"))
+
+    async def scenario() -> None:
+        driver = AsyncEngine(engine)
+        driver.start()
+        stream = driver.submit(
+            GenerationRequest(prompt, SamplingParams(max_tokens=LONG_MAX_TOKENS, ignore_eos=True))
+        )
+        first = await stream.__anext__()
+        assert first.token_ids and not first.finished
+        t0 = time.perf_counter()
+        driver.shutdown(timeout_s=10.0)
+        assert time.perf_counter() - t0 < 5.0
+        assert not driver.alive
+        with pytest.raises(EngineDeadError):
+            async for _ in stream:
+                pass
+        with pytest.raises(EngineDeadError):
+            driver.submit(GenerationRequest(prompt, SamplingParams(max_tokens=2)))
+
+    asyncio.run(scenario())
+
+
+def test_an_engine_failure_ends_every_stream_instead_of_hanging(target_dir: Path) -> None:
+    engine = Engine(target_dir, None, EngineConfig(max_batch_size=2, max_seq_len=256))
+    prompt = tuple(engine.tokenizer.encode("the draft model"))
+    # A temperature this small makes the engine's softmax NaN: a real failure inside step()
+    # (the HTTP layer raises such temperatures to 1e-2, so only the driver can be fed one).
+    poison = SamplingParams(temperature=1e-300, max_tokens=4)
+
+    async def scenario() -> None:
+        driver = AsyncEngine(engine)
+        driver.start()
+        healthy = driver.submit(
+            GenerationRequest(prompt, SamplingParams(max_tokens=200, ignore_eos=True))
+        )
+        failing = driver.submit(GenerationRequest(prompt, poison))
+        for stream in (healthy, failing):
+            with pytest.raises(EngineDeadError):
+                async for _ in stream:
+                    pass
+        assert driver.error is not None and not driver.alive
+        with pytest.raises(EngineDeadError):
+            driver.submit(GenerationRequest(prompt, SamplingParams(max_tokens=2)))
+        driver.shutdown(timeout_s=5.0)
+
+    asyncio.run(asyncio.wait_for(scenario(), 30.0))
