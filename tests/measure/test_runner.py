@@ -1,0 +1,198 @@
+"""Closed- and open-loop trials against spectool's real server: records, metrics, resume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from spectool.errors import BadInputError
+from spectool.measure.runner import (
+    TrialConfig,
+    TrialResult,
+    load_trials,
+    measure,
+    poisson_arrival_offsets_s,
+    run_trial,
+    run_trials,
+)
+from spectool.measure.workloads import Prompt
+
+from .conftest import MAX_TOKENS, MODEL_NAME, Recorder, run_with_client, trial_config
+
+
+def _max_in_flight(result: TrialResult) -> int:
+    events = sorted(
+        [(r.send_time_s, 1) for r in result.records] + [(r.end_time_s, -1) for r in result.records],
+        key=lambda e: (e[0], e[1]),
+    )
+    level = peak = 0
+    for _, step in events:
+        level += step
+        peak = max(peak, level)
+    return peak
+
+
+def test_closed_loop_records(ladder, prompts: list[Prompt]) -> None:
+    configs, results, _, _ = ladder
+    for config, result in zip(configs, results, strict=True):
+        assert result.config == config
+        assert [r.request_id for r in result.records] == [f"r{i:05d}" for i in range(len(prompts))]
+        assert result.errors == ()
+        for record, prompt in zip(result.records, prompts, strict=True):
+            assert record.category == prompt.category
+            assert record.ttft_s is not None and 0 < record.ttft_s <= record.e2e_s
+            assert record.output_tokens == (prompt.max_tokens or MAX_TOKENS)
+            assert sum(record.chunk_token_counts) == record.output_tokens
+            assert 0.0 <= record.send_time_s and record.end_time_s <= result.wall_time_s + 1e-6
+        assert set(result.token_count_sources) <= {"usage", "tokenizer"}  # never guessed
+        assert len(result.token_count_sources) == len(result.records)
+        assert result.arrival_offsets_s == ()
+        summary = result.latency()
+        assert summary.completed == len(prompts) and summary.errors == 0
+    c1, c4 = results
+    assert _max_in_flight(c1) == 1
+    assert _max_in_flight(c4) == 4
+
+
+def test_metrics_polled_parsed_and_warmup_excluded(ladder, prompts: list[Prompt]) -> None:
+    configs, results, _, _ = ladder
+    for config, result in zip(configs, results, strict=True):
+        assert result.metrics_error is None
+        stats = result.iteration_stats
+        assert stats and len(stats) == len(result.raw_iteration_stats)
+        assert all(s.spec_decoding is not None and s.spectool is not None for s in stats)
+        # Every measured request was admitted exactly once; the warmup ones were drained before.
+        assert sum(s.num_new_active_requests or 0 for s in stats) == len(prompts)
+        assert sum(s.num_completed_requests or 0 for s in stats) == len(prompts)
+        assert max(s.num_active_requests for s in stats) <= config.concurrency
+        assert sum(s.spec_decoding.num_draft_tokens for s in stats) > 0
+    assert max(s.num_active_requests for s in results[1].iteration_stats) > 1
+
+
+def test_progress_hooks(ladder, prompts: list[Prompt]) -> None:
+    _, _, _, recorder = ladder
+    per_trial = ["start"] + ["request"] * len(prompts) + ["done"]
+    assert recorder.kinds() == per_trial * 2
+    assert recorder.calls[0] == ("start", ("c1", len(prompts)))
+    assert recorder.calls[-1] == ("done", "c4")
+
+
+def test_resume_skips_finished_trials(ladder, server_url: str, prompts: list[Prompt]) -> None:
+    configs, results, path, _ = ladder
+    saved = load_trials(path)
+    assert list(saved) == [c.key() for c in configs]
+    for result in results:  # the JSON line round-trips exactly
+        loaded = saved[result.config.key()]
+        assert loaded.records == result.records
+        assert loaded.iteration_stats == result.iteration_stats
+        assert loaded.wall_time_s == result.wall_time_s
+        assert loaded.token_count_sources == result.token_count_sources
+
+    extra = trial_config(prompts, "c2", concurrency=2)
+    recorder = Recorder()
+    again = run_with_client(
+        server_url, run_trials, prompts, [*configs, extra], results_path=path, progress=recorder
+    )
+    assert [kind for kind, _ in recorder.calls if kind != "request"] == ["start", "done"]
+    assert recorder.calls[0] == ("start", ("c2", len(prompts)))
+    assert again[:2] == [saved[c.key()] for c in configs]
+    assert again[2].config == extra and len(again[2].records) == len(prompts)
+    assert len(path.read_text().splitlines()) == 3
+
+    # A crash while appending leaves an unfinished last line: ignored.
+    with path.open("a") as f:
+        f.write('{"format": "spectool.trial/1", "key": "x", "rec')
+    assert list(load_trials(path)) == [c.key() for c in (*configs, extra)]
+    # Any other malformed line is an error naming the line.
+    lines = path.read_text().splitlines()
+    broken = path.with_name("broken.jsonl")
+    broken.write_text("\n".join([lines[0], "{oops", lines[1]]) + "\n")
+    with pytest.raises(BadInputError, match="line 2: not valid JSON"):
+        load_trials(broken)
+    broken.write_text(json.dumps({"format": "spectool.trial/1", "config": {"label": 1}}) + "\n")
+    with pytest.raises(BadInputError, match="line 1: "):
+        load_trials(broken)
+
+
+def test_poisson_offsets_are_a_seeded_numpy_draw() -> None:
+    offsets = poisson_arrival_offsets_s(4.0, 50, seed=7)
+    gaps = np.random.default_rng(7).exponential(0.25, size=49)
+    assert offsets[0] == 0.0
+    np.testing.assert_array_equal(
+        np.diff(offsets), np.diff(np.concatenate([[0.0], np.cumsum(gaps)]))
+    )
+    np.testing.assert_array_equal(offsets, poisson_arrival_offsets_s(4.0, 50, seed=7))
+    assert not np.array_equal(offsets, poisson_arrival_offsets_s(4.0, 50, seed=8))
+    assert 0.15 < float(np.mean(np.diff(offsets))) < 0.4  # mean gap 1/rate
+    assert len(poisson_arrival_offsets_s(1.0, 0, seed=0)) == 0
+
+
+def test_open_loop_follows_the_seeded_schedule(server_url: str, prompts: list[Prompt]) -> None:
+    config = trial_config(prompts, "rate", rate_per_s=8.0, seed=11)
+    result = run_with_client(server_url, run_trial, prompts, config)
+    expected = poisson_arrival_offsets_s(8.0, len(prompts), seed=11)
+    assert result.arrival_offsets_s == tuple(expected.tolist())
+    assert result.errors == () and len(result.records) == len(prompts)
+    sends = np.array([r.send_time_s for r in result.records])
+    assert np.all(sends >= expected - 1e-3)  # never early
+    assert np.all(sends <= expected + 0.5)  # and not late by more than scheduling noise
+    assert result.iteration_stats  # polled in open loop too
+
+
+def test_time_limit_stops_new_requests(server_url: str, prompts: list[Prompt]) -> None:
+    config = trial_config(
+        prompts, "limited", concurrency=2, num_prompts=500, max_tokens=4, time_limit_s=1.0
+    )
+    result = run_with_client(server_url, run_trial, prompts, config)
+    assert 2 <= len(result.records) < 500
+    assert all(r.send_time_s < 1.0 + 0.05 for r in result.records)
+    assert result.errors == ()
+
+
+def test_a_server_without_iteration_stats_still_measures(
+    server_url: str, prompts: list[Prompt]
+) -> None:
+    config = trial_config(prompts, "nometrics", concurrency=2, num_prompts=2, max_tokens=4)
+    result = run_with_client(server_url, run_trial, prompts, config, metrics_path="/v1/models")
+    assert result.metrics_error is not None and "/v1/models" in result.metrics_error
+    assert result.iteration_stats == () and result.raw_iteration_stats == ()
+    assert len(result.records) == 2 and result.errors == ()
+
+
+def test_config_validation_and_keys(prompts: list[Prompt]) -> None:
+    with pytest.raises(BadInputError, match="exactly one"):
+        TrialConfig("x")
+    with pytest.raises(BadInputError, match="exactly one"):
+        TrialConfig("x", concurrency=1, rate_per_s=1.0)
+    with pytest.raises(BadInputError, match="concurrency must be >= 1"):
+        TrialConfig("x", concurrency=0)
+    config = trial_config(prompts, "k", concurrency=3, time_limit_s=9.0)
+    assert TrialConfig.from_dict(config.to_dict()) == config
+    assert TrialConfig.from_dict(json.loads(json.dumps(config.to_dict()))).key() == config.key()
+    assert config.key() != trial_config(prompts, "k", concurrency=3).key()
+    with pytest.raises(BadInputError, match="unexpected keyword"):
+        TrialConfig.from_dict({**config.to_dict(), "colour": "red"})
+
+
+def test_workload_mismatch_is_refused(server_url: str, prompts: list[Prompt]) -> None:
+    config = trial_config(prompts, "wrong", concurrency=1)
+    with pytest.raises(BadInputError, match="does not match the prompts"):
+        run_with_client(server_url, run_trial, prompts[:-1], config)
+
+
+def test_measure_is_the_blocking_entry_point(
+    server_url: str, prompts: list[Prompt], tmp_path: Path
+) -> None:
+    config = trial_config(prompts, "sync", concurrency=2, num_prompts=2, max_tokens=4)
+    path = tmp_path / "r.jsonl"
+    (result,) = measure(server_url, MODEL_NAME, prompts, [config], results_path=path)
+    assert len(result.records) == 2 and result.errors == ()
+    assert list(load_trials(path)) == [config.key()]
+    recorder = Recorder()
+    (again,) = measure(
+        server_url, MODEL_NAME, prompts, [config], results_path=path, progress=recorder
+    )
+    assert again == result and recorder.calls == []  # loaded from the file, nothing sent
