@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from spectool.ckpt.torch_bin import read_torch_bin
 from spectool.errors import CheckpointError
@@ -77,3 +79,23 @@ def test_not_a_state_dict(tmp_path: Path) -> None:
     (tmp_path / "list.bin").write_bytes(buf.getvalue())
     with pytest.raises(CheckpointError, match="not a state dict"):
         read_torch_bin(tmp_path / "list.bin")
+
+
+_TORCH_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I64": torch.int64,
+                 "BOOL": torch.bool, "U8": torch.uint8}
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.dictionaries(
+        st.text(alphabet="abcdefgh._0123456789", min_size=1, max_size=10),
+        st.tuples(st.sampled_from(sorted(_TORCH_DTYPES)), st.lists(st.integers(0, 6), max_size=3)),
+        max_size=5,
+    )
+)
+def test_property_roundtrip_with_torch_save(tmp_path: Path, spec: dict) -> None:
+    state = {k: torch.zeros(tuple(shape), dtype=_TORCH_DTYPES[d]) for k, (d, shape) in spec.items()}
+    path = tmp_path / "p.bin"
+    torch.save(state, path)
+    got = read_torch_bin(path)
+    assert {k: (v.dtype, v.shape) for k, v in got.items()} == {k: (d, tuple(s)) for k, (d, s) in spec.items()}
