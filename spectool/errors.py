@@ -71,3 +71,8 @@ class EngineLoadError(SpectoolError):
     """The embedded engine could not load the model it was asked to serve (exit code 3)."""
 
     exit_code = 3
+
+
+class BuildMismatchError(IncompatibleError):
+    """A build folder does not fit this machine (GPU architecture or memory, TensorRT-LLM
+    version, missing engines, changed checkpoints); ``serve`` refuses it (exit code 1)."""

@@ -100,3 +100,10 @@ def test_help_imports_neither_torch_nor_transformers() -> None:
     modules = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if "|" in line}
     assert "check" in out.stdout
     assert not {"torch", "transformers", "fastapi", "uvicorn", "matplotlib"} & modules
+
+
+@pytest.mark.parametrize("argv", [["check", "--bogus"], ["check", "--tp", "many"], ["nosuchcommand"]])
+def test_usage_errors_exit_2_without_traceback(capsys, argv: list[str]) -> None:
+    code, _, err = run(capsys, *argv)
+    assert code == 2
+    assert "Traceback" not in err

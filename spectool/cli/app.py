@@ -78,14 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("spectool: interrupted", file=sys.stderr)  # noqa: T201
         return 130
-    except Exception as exc:  # click usage errors arrive here in non-standalone mode
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
+    except Exception as exc:
+        # Usage errors (click's ClickException: unknown option, bad value) arrive here in
+        # non-standalone mode. typer bundles its own copy of click, so match by behaviour.
+        if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int):
             exc.show()
             return 2
-        if isinstance(exc, click.exceptions.Exit):
-            return exc.exit_code
         raise
     return code if isinstance(code, int) else 0
 

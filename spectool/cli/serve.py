@@ -1,10 +1,21 @@
-"""``spectool serve``: an OpenAI-compatible server for a target (and drafter).
+"""``spectool serve``: an OpenAI-compatible server for a target (and drafter), or a build folder.
 
-``--engine torch`` serves with spectool's embedded PyTorch engine (CPU or CUDA); with no TARGET
-it serves the embedded demo pair. The command parses and checks its options, then hands one
-:class:`TorchServeRequest` to the library; the TensorRT-LLM path (``--engine trtllm``) plugs in
-beside :func:`_serve_torch` with its own request. fastapi, uvicorn and torch are imported only
-inside the command body so that ``spectool --help`` stays fast.
+Two forms:
+
+* ``spectool serve [TARGET [DRAFTER]] --engine torch``: spectool's embedded PyTorch engine
+  (CPU or CUDA) in this process; with no TARGET the embedded demo pair. The command checks its
+  options and hands one :class:`TorchServeRequest` to :func:`_serve_torch`.
+* ``spectool serve DIR [-- EXTRA]``: a folder written by ``spectool build``. Its manifest is
+  checked against this machine, the cost gate (``--speculation auto|on|off``) picks the
+  speculative or the baseline config, and the server runs as a supervised child process
+  (``trtllm-serve``, or spectool's own server for ``--engine torch`` builds): its log streams
+  here, spectool waits for ``/health``, prints the endpoint, forwards SIGINT/SIGTERM and leaves
+  no process behind. Arguments after ``--`` go to the child. Exit 3 (with the log tail) when the
+  child fails, 2 when ``trtllm-serve`` is missing or the port is taken, 1 when the build does
+  not fit this machine.
+
+fastapi, uvicorn and torch are imported only inside the command body so that ``spectool --help``
+stays fast.
 """
 
 from __future__ import annotations
@@ -15,6 +26,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from typer.core import TyperCommand
 
 from spectool.cli.options import DrafterArg, MaxBatchOpt, MaxDraftLenOpt, MaxSeqOpt, TargetArg
 from spectool.errors import BadInputError, CheckpointError
@@ -28,12 +40,49 @@ TORCH_DEFAULT_MAX_SEQ_LEN = 1024
 TORCH_DEFAULT_MAX_DRAFT_LEN = 4
 
 EngineOpt = Annotated[
-    str,
+    str | None,
     typer.Option(
         "--engine",
-        help="torch: spectool's embedded PyTorch engine (CPU/CUDA). trtllm: not in this build yet.",
+        help="torch: spectool's embedded PyTorch engine (CPU/CUDA); trtllm: TensorRT-LLM, for a "
+        "build DIR. Default: the build's engine, else torch.",
     ),
 ]
+SpeculationOpt = Annotated[
+    str,
+    typer.Option(
+        "--speculation",
+        help="Build DIR: auto (the cost gate: on only where the build's tune decision shows it "
+        "pays), on or off.",
+    ),
+]
+ExpectedConcurrencyOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--expected-concurrency",
+        help="Build DIR: concurrent requests you expect; the cost gate judges speculation there "
+        "(default: the largest concurrency the decision measured).",
+    ),
+]
+ReadyTimeoutOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--ready-timeout",
+        help="Build DIR: seconds to wait for /health (default 1800 trtllm, 300 torch).",
+    ),
+]
+MaxConcurrencyOpt = Annotated[
+    int | None,
+    typer.Option("--max-concurrency", help="torch engine: no speculation above this batch size."),
+]
+DraftLenScheduleOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--draft-len-schedule",
+        help="torch engine: batch:k pairs, e.g. 4:4,8:2 (batch sizes up to 4 draft 4, up to 8 "
+        "draft 2, larger none).",
+    ),
+]
+READY_TIMEOUT_S = {"trtllm": 1800.0, "torch": 300.0}
 ServeMethodOpt = Annotated[
     str,
     typer.Option(
@@ -79,6 +128,8 @@ class TorchServeRequest:
     host: str
     port: int
     log_level: str
+    max_concurrency: int | None = None
+    draft_len_schedule: dict[int, int] | None = None
 
 
 def _local_folder(ref: str, role: str) -> Path:
@@ -112,6 +163,8 @@ def torch_serve_request(
     host: str = "127.0.0.1",
     port: int = 8000,
     log_level: str = "info",
+    max_concurrency: int | None = None,
+    draft_len_schedule: str | None = None,
 ) -> TorchServeRequest:
     """Check the options and resolve the models (no TARGET: the embedded demo pair)."""
     if method not in TORCH_METHODS:
@@ -146,13 +199,56 @@ def torch_serve_request(
         host=host,
         port=port,
         log_level=log_level,
+        max_concurrency=max_concurrency,
+        draft_len_schedule=parse_draft_len_schedule(draft_len_schedule),
     )
 
 
+def parse_draft_len_schedule(text: str | None) -> dict[int, int] | None:
+    """``"4:4,8:2"`` -> ``{4: 4, 8: 2}`` (batch size: draft length); None stays None."""
+    if text is None:
+        return None
+    schedule: dict[int, int] = {}
+    for item in text.split(","):
+        batch, sep, k = item.strip().partition(":")
+        try:
+            if not sep:
+                raise ValueError
+            schedule[int(batch)] = int(k)
+        except ValueError:
+            raise BadInputError(
+                "--draft-len-schedule", f"expected batch:k pairs like 4:4,8:2, got {text!r}"
+            ) from None
+    return schedule
+
+
+def _build_dir(target: str | None) -> Path | None:
+    """``target`` when it names a folder written by ``spectool build`` (it has a manifest)."""
+    from spectool.deploy.manifest import MANIFEST_NAME
+
+    if target is None:
+        return None
+    path = Path(os.path.expanduser(target))
+    return path if (path / MANIFEST_NAME).is_file() else None
+
+
+class _PassThroughCommand(TyperCommand):
+    """Keeps everything after ``--`` out of spectool's own parsing (``ctx.meta["passthrough"]``)
+    so those arguments reach the server child unchanged."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            cut = args.index("--")
+            ctx.meta["passthrough"] = args[cut + 1 :]
+            args = args[:cut]
+        return super().parse_args(ctx, args)
+
+
 def serve(
+    ctx: typer.Context,
     target: TargetArg = None,
     drafter: DrafterArg = None,
-    engine: EngineOpt = "torch",
+    engine: EngineOpt = None,
     method: ServeMethodOpt = "auto",
     max_draft_len: MaxDraftLenOpt = None,
     max_batch_size: MaxBatchOpt = None,
@@ -163,17 +259,51 @@ def serve(
     host: HostOpt = "127.0.0.1",
     port: PortOpt = 8000,
     log_level: LogLevelOpt = "info",
+    speculation: SpeculationOpt = "auto",
+    expected_concurrency: ExpectedConcurrencyOpt = None,
+    ready_timeout: ReadyTimeoutOpt = None,
+    max_concurrency: MaxConcurrencyOpt = None,
+    draft_len_schedule: DraftLenScheduleOpt = None,
 ) -> None:
     """Serve an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /metrics).
 
+    TARGET may be a build folder from spectool build: served as built (TensorRT-LLM or the embedded engine), speculation gated by the build's tune decision, arguments after -- passed to the server.
+
     Binds 127.0.0.1 unless --host says otherwise; Ctrl-C stops it cleanly.
     """
-    if engine not in ENGINES:
+    if engine is not None and engine not in ENGINES:
         raise BadInputError("--engine", f"expected one of {', '.join(ENGINES)}, got {engine!r}")
+    passthrough: list[str] = list(ctx.meta.get("passthrough", []))
+    build_dir = _build_dir(target)
+    if build_dir is not None:
+        _refuse_build_time_options(ctx, drafter)
+        code = _serve_build(
+            build_dir,
+            engine=engine,
+            speculation=speculation,
+            expected_concurrency=expected_concurrency,
+            host=host,
+            port=port,
+            ready_timeout_s=ready_timeout,
+            passthrough=passthrough,
+            torch_flags=_forwarded_torch_flags(ctx, device, dtype, served_model_name, log_level),
+        )
+        raise typer.Exit(code)
     if engine == "trtllm":
         raise BadInputError(
-            "--engine trtllm", "not available in this build yet; use --engine torch"
+            "--engine trtllm",
+            "serves a build folder: run spectool build TARGET [DRAFTER] --out DIR, then "
+            "spectool serve DIR",
         )
+    if passthrough:
+        raise BadInputError(
+            "--", "extra server arguments need a build folder (spectool serve DIR -- ...)"
+        )
+    for name in ("speculation", "expected_concurrency", "ready_timeout"):
+        if _given(ctx, name):
+            raise BadInputError(
+                f"--{name.replace('_', '-')}", "applies to a build folder (spectool serve DIR)"
+            )
     request = torch_serve_request(
         target,
         drafter,
@@ -187,8 +317,123 @@ def serve(
         host=host,
         port=port,
         log_level=log_level,
+        max_concurrency=max_concurrency,
+        draft_len_schedule=draft_len_schedule,
     )
     _serve_torch(request)
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Whether option ``name`` was typed on the command line (not left at its default)."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name == "COMMANDLINE"
+
+
+# Options a build folder fixes at build time.
+_BUILD_TIME = (
+    "method",
+    "max_draft_len",
+    "max_batch_size",
+    "max_seq_len",
+    "max_concurrency",
+    "draft_len_schedule",
+)
+
+
+def _refuse_build_time_options(ctx: typer.Context, drafter: str | None) -> None:
+    if drafter is not None:
+        raise BadInputError(
+            "DRAFTER", "a build folder names its models; pass server arguments after --"
+        )
+    for name in _BUILD_TIME:
+        if _given(ctx, name):
+            raise BadInputError(
+                f"--{name.replace('_', '-')}", "is fixed by the build folder; rebuild to change it"
+            )
+
+
+def _forwarded_torch_flags(
+    ctx: typer.Context, device: str, dtype: str, served_model_name: str | None, log_level: str
+) -> list[str]:
+    """The embedded-engine flags given on this command line, for the server child."""
+    flags: list[str] = []
+    for name, value in (
+        ("device", device),
+        ("dtype", dtype),
+        ("served_model_name", served_model_name),
+        ("log_level", log_level),
+    ):
+        if _given(ctx, name):
+            flags += [f"--{name.replace('_', '-')}", str(value)]
+    return flags
+
+
+def _serve_build(
+    build_dir: Path,
+    *,
+    engine: str | None,
+    speculation: str,
+    expected_concurrency: int | None,
+    host: str,
+    port: int,
+    ready_timeout_s: float | None,
+    passthrough: list[str],
+    torch_flags: list[str],
+) -> int:
+    """Serve a build folder as a supervised child; the exit code (0, or 130 after Ctrl-C)."""
+    import signal
+
+    from spectool.deploy.launch import prepare_serve
+    from spectool.deploy.manifest import read_manifest
+    from spectool.deploy.supervise import ChildSpec, free_port, run_supervised
+
+    if not 0 <= port <= 65535:
+        raise BadInputError("--port", f"must be in 0..65535, got {port}")
+    built_for = read_manifest(build_dir).engine
+    if built_for == "trtllm" and torch_flags:
+        raise BadInputError(
+            torch_flags[0],
+            "applies to the embedded engine; pass trtllm-serve options after --",
+        )
+    if port == 0:
+        port = free_port(host)
+    plan = prepare_serve(
+        build_dir,
+        engine=engine,
+        speculation=speculation,
+        expected_concurrency=expected_concurrency,
+        host=host,
+        port=port,
+        extra=[*torch_flags, *passthrough],
+    )
+    for line in plan.warnings:
+        typer.echo(f"spectool: warning: {line}", err=True)
+    config = plan.command.config_file
+    word = "with speculation" if plan.gate.speculate else "without speculation"
+    level = "warning" if plan.gate.warn else "note"
+    typer.echo(f"spectool: {level}: {plan.gate.reason}", err=True)
+    typer.echo(
+        f"spectool: serving {build_dir} {word} ({config}): {' '.join(plan.command.argv)}", err=True
+    )
+    name = "trtllm-serve" if plan.manifest.engine == "trtllm" else "spectool server"
+    timeout_s = (
+        ready_timeout_s if ready_timeout_s is not None else READY_TIMEOUT_S[plan.manifest.engine]
+    )
+    spec = ChildSpec(
+        argv=plan.command.argv,
+        name=name,
+        host=host,
+        port=port,
+        ready_timeout_s=timeout_s,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+    def ready(url: str, waited_s: float) -> None:
+        typer.echo(f"spectool: ready after {waited_s:.1f} s: {url}/v1 (OpenAI API), {url}/metrics")
+
+    result = run_supervised(spec, on_output=lambda line: typer.echo(line, err=True), on_ready=ready)
+    typer.echo(f"spectool: {name} stopped", err=True)
+    return 130 if result.stop_signal == signal.SIGINT else 0
 
 
 def _serve_torch(request: TorchServeRequest) -> None:
@@ -202,6 +447,8 @@ def _serve_torch(request: TorchServeRequest) -> None:
         max_seq_len=request.max_seq_len,
         device=request.device,
         dtype=request.dtype,
+        max_concurrency=request.max_concurrency,
+        draft_len_schedule=request.draft_len_schedule,
     )
     drafting = f", {request.method} k={request.max_draft_len}" if request.method != "none" else ""
     drafter = f" + {request.drafter.name}" if request.drafter is not None else ""
@@ -222,4 +469,4 @@ def _serve_torch(request: TorchServeRequest) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("serve")(serve)
+    app.command("serve", cls=_PassThroughCommand)(serve)

@@ -1,0 +1,180 @@
+"""``spectool build``: check the pair, then write a build folder fitted to the GPU.
+
+TensorRT-LLM: ``speculative.yaml`` and ``baseline.yaml`` (extra LLM-API options for
+``trtllm-serve --config``), legacy TensorRT engines where ``--trtllm-backend tensorrt``; the
+embedded engine (``--engine torch``): ``speculative.json`` and ``baseline.json``. Always
+``manifest.json``. Exit 0 written, 1 the check found errors (nothing written), 2 bad input
+(including an existing different build without ``--force``), 3 an engine build step failed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from spectool.cli.options import (
+    DrafterArg,
+    GpuOpt,
+    JsonOpt,
+    MaxBatchOpt,
+    MaxDraftLenOpt,
+    MaxSeqOpt,
+    MethodOpt,
+    ProfileOpt,
+    TargetArg,
+    TpOpt,
+    TrtllmBackendOpt,
+    TrtllmVersionOpt,
+    TrustRemoteCodeOpt,
+)
+
+OutOpt = Annotated[Path, typer.Option("--out", help="Build folder to write.")]
+BuildEngineOpt = Annotated[
+    str,
+    typer.Option(
+        "--engine", help="trtllm (TensorRT-LLM configs) or torch (spectool's embedded engine)."
+    ),
+]
+DecisionOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--decision",
+        help="decision.json from spectool tune: writes its draft_len_schedule/max_concurrency.",
+    ),
+]
+ForceOpt = Annotated[
+    bool, typer.Option("--force", help="Replace a different build already in --out.")
+]
+ExamplesOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--trtllm-examples",
+        help="Legacy TensorRT backend: the TensorRT-LLM repository's examples folder "
+        "(convert_checkpoint.py scripts).",
+    ),
+]
+
+
+def build(
+    target: TargetArg = None,
+    drafter: DrafterArg = None,
+    profile: ProfileOpt = None,
+    method: MethodOpt = "auto",
+    max_draft_len: MaxDraftLenOpt = None,
+    out: OutOpt = Path("build"),
+    engine: BuildEngineOpt = "trtllm",
+    trtllm_version: TrtllmVersionOpt = None,
+    trtllm_backend: TrtllmBackendOpt = "pytorch",
+    gpu: GpuOpt = "auto",
+    tp: TpOpt = 1,
+    max_batch_size: MaxBatchOpt = None,
+    max_seq_len: MaxSeqOpt = None,
+    decision: DecisionOpt = None,
+    force: ForceOpt = False,
+    trtllm_examples: ExamplesOpt = None,
+    trust_remote_code: TrustRemoteCodeOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Write a build folder: serving configs fitted to the GPU, and a manifest.
+
+    Runs spectool check first and writes nothing when it finds errors (exit 1).
+    """
+    from spectool.deploy.build import (
+        BuildRequest,
+        check_build,
+        plan_build,
+        run_engine_steps,
+        write_build,
+    )
+
+    request = BuildRequest(
+        target=target,
+        drafter=drafter,
+        profile=profile,
+        method=method,
+        max_draft_len=max_draft_len,
+        out=out,
+        engine=engine,
+        trtllm_version=trtllm_version,
+        trtllm_backend=trtllm_backend,
+        gpu=gpu,
+        tp=tp,
+        max_batch_size=max_batch_size,
+        max_seq_len=max_seq_len,
+        decision=decision,
+        force=force,
+        trust_remote_code=trust_remote_code,
+        trtllm_examples=trtllm_examples,
+    )
+    inputs = check_build(request)
+    if inputs.report.errors:
+        if as_json:
+            from spectool.cli.output import print_json
+
+            print_json({"written": False, "check": inputs.report.to_json()})
+        else:
+            from spectool.cli.check import render_report
+            from spectool.cli.output import console
+
+            render_report(inputs.report)
+            console.print("[bold red]build refused[/]: the check found errors; nothing written")
+        raise typer.Exit(1)
+    plan = plan_build(inputs)
+    written = write_build(plan, force=force)
+    if plan.steps:
+        from spectool.cli.output import err_console
+
+        run_engine_steps(plan, on_output=lambda line: err_console.print(line, markup=False))
+    if as_json:
+        from spectool.cli.output import print_json
+
+        print_json(
+            {
+                "written": True,
+                "out": str(plan.out),
+                "files": [p.name for p in written],
+                "manifest": plan.manifest.model_dump(mode="json"),
+                "warnings": list(plan.warnings),
+            }
+        )
+    else:
+        _render(plan, written)
+
+
+def _render(plan, written: list[Path]) -> None:  # noqa: ANN001 - BuildPlan, imported lazily
+    from spectool.cli.output import console
+
+    m = plan.manifest
+    engine = m.engine
+    if m.trtllm is not None:
+        engine += f" {m.trtllm.release} ({m.trtllm.backend} backend)"
+    gpu = f"{m.gpu.name} (SM{m.gpu.sm})" if m.gpu.name else "no GPU (CPU)"
+    console.print(
+        f"built [bold]{m.method}[/] k={m.max_draft_len} for {engine} on {gpu}, tp={m.tp}: "
+        f"max_batch_size {m.limits.max_batch_size}, max_seq_len {m.limits.max_seq_len}"
+        + (
+            f", KV fraction {m.limits.free_gpu_memory_fraction}"
+            if m.limits.free_gpu_memory_fraction is not None
+            else ""
+        )
+    )
+    if m.runtime_gate is not None:
+        console.print(
+            f"runtime gate: {m.runtime_gate.kind}, no speculation above batch size "
+            f"{m.runtime_gate.off_above}"
+        )
+    elif m.decision is None:
+        console.print(
+            "no tune decision: speculation is unmeasured (spectool tune, then --decision)"
+        )
+    for line in (*plan.warnings, *m.notes):
+        console.print(f"note: {line}", markup=False, style="yellow")
+    for path in written:
+        console.print(f"wrote {path}")
+    console.print("serve it: spectool serve " + str(plan.out))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("build")(build)

@@ -1,0 +1,174 @@
+"""A tune decision (``decision.json``) as ``build`` and ``serve`` read it.
+
+``spectool tune`` writes ``decision.json`` (:meth:`spectool.decide.tune.TuneResult.
+to_decision_json`): the draft length chosen per measured concurrency (``schedule``, 0 = off), the
+break-even concurrency and every measured cell of the cost inequality. ``build`` turns the choices
+into the engine's runtime gate (``draft_len_schedule`` or ``max_concurrency``); ``serve``'s cost
+gate reads them, with the cells, to say whether speculation pays at the expected load.
+
+Choices between measured concurrencies follow :func:`spectool.decide.model.choice_for_batch`: a
+batch size takes the choice of the next measured concurrency at or above it, and beyond the
+largest measured concurrency speculation is off (nothing was measured there).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from spectool.constants import MAX_JSON_BYTES
+from spectool.decide.model import (
+    ConcurrencyGate,
+    ScheduleSemantics,
+    capped_choices,
+    choice_for_batch,
+    gate_from_choices,
+    schedule_from_choices,
+)
+from spectool.errors import BadInputError
+
+# decision.json carries more keys than build and serve read (searched_max_draft_len, the
+# per-release draft_len_schedule, runs, ...), so unknown keys are ignored, not refused.
+_IGNORE_EXTRA = ConfigDict(extra="ignore", frozen=True)
+
+
+class DecisionCell(BaseModel):
+    """One measured (concurrency, k) cell: both sides of the cost inequality in ms per token."""
+
+    model_config = _IGNORE_EXTRA
+
+    concurrency: int = Field(ge=1)
+    k: int = Field(ge=0)
+    lhs_ms_per_token: float
+    rhs_ms_per_token: float
+    ratio: float
+    ci_low: float
+    ci_high: float
+    verdict: Literal["pays", "does_not_pay", "inconclusive"]
+
+    def describe(self) -> str:
+        """One phrase with the measured numbers, e.g. for the cost gate's explanation."""
+        return (
+            f"k={self.k} at concurrency {self.concurrency}: {self.lhs_ms_per_token:.2f} ms/token "
+            f"vs {self.rhs_ms_per_token:.2f} without speculation (ratio {self.ratio:.3f}, CI "
+            f"{self.ci_low:.3f}-{self.ci_high:.3f}, {self.verdict.replace('_', ' ')})"
+        )
+
+
+class Decision(BaseModel):
+    """The parts of ``decision.json`` spectool acts on (see the module docstring)."""
+
+    model_config = _IGNORE_EXTRA
+
+    engine: str
+    method: str
+    max_draft_len: int = Field(ge=0)
+    schedule: dict[int, int]
+    break_even_concurrency: int | None = None
+    cells: tuple[DecisionCell, ...] = ()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Decision:
+        if not self.schedule:
+            raise ValueError("schedule is empty: no concurrency was decided")
+        if any(c < 1 for c in self.schedule) or any(k < 0 for k in self.schedule.values()):
+            raise ValueError("schedule needs concurrencies >= 1 and draft lengths >= 0")
+        if capped_choices(self.schedule) != dict(sorted(self.schedule.items())):
+            raise ValueError(
+                "schedule has a larger draft length at a larger concurrency than at the smallest "
+                "one; TensorRT-LLM cannot express that"
+            )
+        first = self.schedule[min(self.schedule)]
+        if first != self.max_draft_len:
+            raise ValueError(
+                f"max_draft_len {self.max_draft_len} differs from the choice at the smallest "
+                f"concurrency ({first})"
+            )
+        return self
+
+    @property
+    def concurrencies(self) -> tuple[int, ...]:
+        return tuple(sorted(self.schedule))
+
+    @property
+    def speculates_anywhere(self) -> bool:
+        return any(k > 0 for k in self.schedule.values())
+
+    @property
+    def off_above(self) -> int | None:
+        """Largest measured concurrency that still speculates (None: none does)."""
+        on = [c for c, k in self.schedule.items() if k > 0]
+        return max(on) if on else None
+
+    def choice_at(self, concurrency: int) -> int:
+        """Draft length for ``concurrency`` (bucket rule; 0 beyond the largest measured)."""
+        return choice_for_batch(self.schedule, concurrency)
+
+    def bucket(self, concurrency: int) -> int | None:
+        """The measured concurrency whose choice covers ``concurrency`` (None: beyond them)."""
+        above = [c for c in self.concurrencies if c >= concurrency]
+        return above[0] if above else None
+
+    def cell(self, concurrency: int, k: int) -> DecisionCell | None:
+        return next((c for c in self.cells if c.concurrency == concurrency and c.k == k), None)
+
+    def best_cell(self, concurrency: int) -> DecisionCell | None:
+        """The speculative cell (k > 0) with the lowest measured ratio at ``concurrency``."""
+        spec = [c for c in self.cells if c.concurrency == concurrency and c.k > 0]
+        return min(spec, key=lambda c: (c.ratio, c.k)) if spec else None
+
+    def gate(self) -> ConcurrencyGate | None:
+        """``max_draft_len`` + ``max_concurrency`` when the choices are one k then off."""
+        return gate_from_choices(self.schedule)
+
+    def draft_len_schedule(self, semantics: ScheduleSemantics) -> dict[int, int]:
+        """The choices as an engine schedule: ``from`` = spectool's lower-bound form starting at
+        1 (what :func:`spectool.trtllm.spec_yaml.render_speculative_yaml` takes), ``up_to`` =
+        upper bounds (the embedded engine's and TensorRT-LLM main's form). ``{}``: never on."""
+        return schedule_from_choices(self.schedule, semantics)
+
+    def summary(self) -> dict[str, Any]:
+        """What a build manifest records: the choices and every measured cell."""
+        return {
+            "engine": self.engine,
+            "method": self.method,
+            "max_draft_len": self.max_draft_len,
+            "schedule": {str(c): k for c, k in sorted(self.schedule.items())},
+            "break_even_concurrency": self.break_even_concurrency,
+            "cells": [c.model_dump() for c in self.cells],
+        }
+
+
+def _problem(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"])
+    return f"{where}: {err['msg']}" if where else err["msg"]
+
+
+def parse_decision(data: Any, where: str | Path) -> Decision:
+    """Validate a parsed ``decision.json`` object; :class:`BadInputError` naming ``where``."""
+    if not isinstance(data, dict):
+        raise BadInputError(where, "a decision must be a JSON object (spectool tune's output)")
+    try:
+        return Decision.model_validate(data)
+    except ValidationError as exc:
+        raise BadInputError(where, f"not a valid decision: {_problem(exc)}") from None
+
+
+def read_decision(path: str | Path) -> tuple[Decision, bytes]:
+    """Read ``decision.json``: the decision and the file's bytes (hashed into the manifest)."""
+    path = Path(path)
+    try:
+        if path.stat().st_size > MAX_JSON_BYTES:
+            raise BadInputError(path, f"larger than {MAX_JSON_BYTES} bytes")
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise BadInputError(path, f"cannot read: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadInputError(path, f"malformed JSON: {exc}") from None
+    return parse_decision(data, path), raw

@@ -1,0 +1,136 @@
+"""The cost gate: serve a build with speculation, or its baseline, and say why in numbers.
+
+Speculative decoding trades spare GPU compute for fewer decoding steps. At high concurrency there
+is no spare compute and every drafted token costs real time, so speculation can make each user's
+tokens slower. ``spectool serve --speculation auto`` (the default) therefore turns speculation on
+only when the build's tune decision supports it:
+
+* **pays at the expected concurrency**: the decision's choice there is ``k > 0`` (a cell whose
+  bootstrap interval lies below 1); or
+* **the build switches it off under load by itself**: the speculative config carries a runtime
+  gate (``draft_len_schedule`` / ``max_concurrency``) that turns speculation off above a batch
+  size below the expected concurrency, so the engine speculates only when load is light.
+
+Otherwise the baseline config is served and the reason quotes the measured cell. With no
+decision recorded the build is served as built, flagged as unmeasured. With no expected
+concurrency the largest measured concurrency is assumed (the costly end). ``on`` and ``off``
+force the choice; ``on`` still warns when the decision says speculation does not pay.
+
+Pure: no I/O. Decisions are :class:`spectool.deploy.decision.Decision` objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from spectool.deploy.decision import Decision
+from spectool.errors import BadInputError
+
+SPECULATION_MODES = ("auto", "on", "off")
+Speculation = Literal["auto", "on", "off"]
+
+
+@dataclass(frozen=True)
+class RuntimeGate:
+    """What the speculative config does by itself: no speculation above batch ``off_above``."""
+
+    kind: str
+    off_above: int
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    """Serve with speculation (``speculate``) or the baseline; ``reason`` says why, with the
+    measured numbers where there are any; ``warn`` marks reasons the user should act on."""
+
+    speculate: bool
+    reason: str
+    warn: bool = False
+
+
+def _cell_text(decision: Decision, concurrency: int) -> str:
+    best = decision.best_cell(concurrency)
+    if best is None:
+        return f"no speculative cell was measured at concurrency {concurrency}"
+    return f"best measured: {best.describe()}"
+
+
+def _pays_text(decision: Decision, measured_at: int, k: int) -> str:
+    cell = decision.cell(measured_at, k)
+    if cell is None:
+        return f"the decision chose k={k} at concurrency {measured_at}"
+    return cell.describe()
+
+
+def decide_speculation(
+    mode: str,
+    decision: Decision | None,
+    *,
+    expected_concurrency: int | None = None,
+    runtime_gate: RuntimeGate | None = None,
+) -> GateDecision:
+    """Apply the cost gate (see the module docstring). Raises :class:`BadInputError` for an
+    unknown ``mode`` or a non-positive ``expected_concurrency``."""
+    if mode not in SPECULATION_MODES:
+        raise BadInputError(
+            "--speculation", f"expected one of {', '.join(SPECULATION_MODES)}, got {mode!r}"
+        )
+    if expected_concurrency is not None and expected_concurrency < 1:
+        raise BadInputError(
+            "--expected-concurrency", f"must be 1 or more, got {expected_concurrency}"
+        )
+    if mode == "off":
+        return GateDecision(False, "speculation forced off (--speculation off)")
+    verdict = _auto(decision, expected_concurrency, runtime_gate)
+    if mode == "on":
+        if verdict.speculate:
+            return GateDecision(True, "speculation forced on (--speculation on)")
+        return GateDecision(
+            True, f"speculation forced on (--speculation on) although {verdict.reason}", warn=True
+        )
+    return verdict
+
+
+def _auto(
+    decision: Decision | None, expected: int | None, runtime_gate: RuntimeGate | None
+) -> GateDecision:
+    if decision is None:
+        return GateDecision(
+            True,
+            "no tune decision recorded in this build: speculation is on but unmeasured here; "
+            "run spectool tune and rebuild with --decision",
+            warn=True,
+        )
+    if not decision.speculates_anywhere:
+        first = decision.concurrencies[0]
+        return GateDecision(
+            False,
+            "the decision found no measured concurrency where speculation pays "
+            f"({_cell_text(decision, first)}); serving the baseline",
+        )
+    if expected is None:
+        concurrency = decision.concurrencies[-1]
+        assumed = f"assuming the largest measured concurrency, {concurrency} (pass --expected-concurrency)"
+    else:
+        concurrency = expected
+        assumed = f"at the expected concurrency {concurrency}"
+    k = decision.choice_at(concurrency)
+    bucket = decision.bucket(concurrency)
+    if k > 0 and bucket is not None:
+        return GateDecision(True, f"speculation pays {assumed}: {_pays_text(decision, bucket, k)}")
+    if bucket is None:
+        largest = decision.concurrencies[-1]
+        why = (
+            f"{assumed} speculation was not measured (largest measured concurrency {largest}; "
+            f"{_cell_text(decision, largest)})"
+        )
+    else:
+        why = f"speculation does not pay {assumed} ({_cell_text(decision, bucket)})"
+    if runtime_gate is not None and runtime_gate.off_above < concurrency:
+        return GateDecision(
+            True,
+            f"{why}, but the build's {runtime_gate.kind} turns it off above batch size "
+            f"{runtime_gate.off_above}, so it only speculates under lighter load",
+        )
+    return GateDecision(False, f"{why}; serving the baseline")

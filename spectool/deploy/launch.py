@@ -1,0 +1,286 @@
+"""The server command for a build: ``trtllm-serve`` or spectool's own server, as an argv list.
+
+Why here: ``build`` records these command lines in the manifest (with the default address) and
+``serve`` runs them (with the address asked for and any pass-through arguments), so both must
+come from one place. Never a shell string.
+
+* TensorRT-LLM: ``trtllm-serve MODEL --config DIR/<speculative|baseline>.yaml --host H --port P
+  [--tp_size N]`` (per-release flags from :func:`spectool.trtllm.launch.build_serve_argv`). MODEL
+  is the target (PyTorch backend) or the engine folder (legacy TensorRT backend, with
+  ``--tokenizer`` the target).
+* Embedded engine: ``spectool serve TARGET [DRAFTER] --engine torch --method ... --host H --port
+  P``, every engine setting from the build's ``speculative.json`` / ``baseline.json`` as flags.
+
+:func:`prepare_serve` puts a build folder's serving together: the manifest checked against this
+machine (:mod:`spectool.deploy.machine`), the cost gate (:mod:`spectool.deploy.gate`) choosing the
+speculative or the baseline config, and the resulting command; running it is
+:mod:`spectool.deploy.supervise`'s job.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from spectool.deploy.decision import Decision, parse_decision
+from spectool.deploy.gate import GateDecision, RuntimeGate, decide_speculation
+from spectool.deploy.machine import MachineFacts
+from spectool.deploy.manifest import Manifest, read_manifest
+from spectool.errors import BadInputError, BuildMismatchError
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+SPECTOOL_ARGV = ("spectool",)
+ENGINE_DIR = "engine"
+BASELINE_ENGINE_DIR = "baseline-engine"
+
+
+def spectool_child_prefix() -> tuple[str, ...]:
+    """How ``serve`` starts spectool itself as a child: this interpreter, ``-m`` the CLI."""
+    return (sys.executable, "-m", "spectool.cli.app")
+
+
+def format_schedule(schedule: Mapping[int, int]) -> str:
+    """``{4: 4, 8: 2}`` -> ``"4:4,8:2"`` (the ``--draft-len-schedule`` flag's form)."""
+    return ",".join(f"{batch}:{k}" for batch, k in sorted(schedule.items()))
+
+
+def torch_server_argv(
+    prefix: Sequence[str],
+    target: str,
+    drafter: str | None,
+    config: Mapping[str, Any],
+    *,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """``spectool serve`` argv for the embedded engine running ``config`` (EngineConfig fields:
+    method, max_draft_len, draft_len_schedule, max_concurrency, max_batch_size, max_seq_len)."""
+    method = str(config["method"])
+    argv = [*prefix, "serve", target]
+    if method == "draft_model":
+        assert drafter is not None, "draft_model needs a drafter"
+        argv.append(drafter)
+    argv += ["--engine", "torch", "--method", method]
+    if method != "none":
+        argv += ["--max-draft-len", str(config["max_draft_len"])]
+    argv += ["--max-batch-size", str(config["max_batch_size"])]
+    argv += ["--max-seq-len", str(config["max_seq_len"])]
+    if config.get("max_concurrency") is not None:
+        argv += ["--max-concurrency", str(config["max_concurrency"])]
+    schedule = config.get("draft_len_schedule")
+    if schedule:
+        argv += [
+            "--draft-len-schedule",
+            format_schedule({int(b): int(k) for b, k in schedule.items()}),
+        ]
+    argv += ["--host", host, "--port", str(port), *extra]
+    return argv
+
+
+def trtllm_server_argv(
+    *,
+    release: str,
+    backend: str,
+    target_model: str,
+    build_dir: Path,
+    config_name: str,
+    speculative: bool,
+    tp: int,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    executable: str = "trtllm-serve",
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """``trtllm-serve`` argv serving ``build_dir/config_name`` (see the module docstring)."""
+    from spectool.trtllm.launch import build_serve_argv
+
+    legacy = backend == "tensorrt"
+    model = (
+        str(build_dir / (ENGINE_DIR if speculative else BASELINE_ENGINE_DIR))
+        if legacy
+        else target_model
+    )
+    argv = build_serve_argv(
+        model,
+        release=release,
+        backend=backend,
+        config_path=build_dir / config_name,
+        host=host,
+        port=port,
+        executable=executable,
+        tokenizer=target_model if legacy else None,
+        tp_size=tp if tp > 1 else None,
+    )
+    return [*argv, *extra]
+
+
+@dataclass(frozen=True)
+class ServeCommand:
+    """The child to run: its argv, the config file it serves and whether that speculates."""
+
+    argv: tuple[str, ...]
+    config_file: str
+    speculative: bool
+    engine: str
+
+
+def serve_command(
+    build_dir: Path,
+    manifest: Manifest,
+    *,
+    speculative: bool,
+    host: str,
+    port: int,
+    extra: Sequence[str] = (),
+    trtllm_serve: str = "trtllm-serve",
+    torch_config: Mapping[str, Any] | None = None,
+) -> ServeCommand:
+    """The command serving ``build_dir`` with (``speculative``) or without speculation.
+
+    ``torch_config`` is the parsed ``speculative.json``/``baseline.json`` for the embedded
+    engine; ``trtllm_serve`` the resolved ``trtllm-serve`` path.
+    """
+    spec_name, base_name = manifest.config_files
+    name = spec_name if speculative else base_name
+    if manifest.engine == "torch":
+        assert torch_config is not None, "the embedded engine's config file is needed"
+        drafter = manifest.drafter.ref if manifest.drafter is not None else None
+        argv = torch_server_argv(
+            spectool_child_prefix(),
+            manifest.target.ref,
+            drafter,
+            torch_config,
+            host=host,
+            port=port,
+            extra=extra,
+        )
+    else:
+        assert manifest.trtllm is not None
+        argv = trtllm_server_argv(
+            release=manifest.trtllm.release,
+            backend=manifest.trtllm.backend,
+            target_model=manifest.target.ref,
+            build_dir=build_dir,
+            config_name=name,
+            speculative=speculative,
+            tp=manifest.tp,
+            host=host,
+            port=port,
+            executable=trtllm_serve,
+            extra=extra,
+        )
+    return ServeCommand(tuple(argv), name, speculative, manifest.engine)
+
+
+@dataclass(frozen=True)
+class ServePlan:
+    """What ``serve`` will run for a build folder, and why (the cost gate's decision)."""
+
+    build_dir: Path
+    manifest: Manifest
+    gate: GateDecision
+    command: ServeCommand
+    warnings: tuple[str, ...]
+
+
+def _decision_of(manifest: Manifest) -> Decision | None:
+    record = manifest.decision
+    if record is None:
+        return None
+    data = record.model_dump(exclude={"source", "sha256"})
+    return parse_decision(data, "manifest.json: decision")
+
+
+def _read_torch_config(build_dir: Path, name: str) -> dict[str, Any]:
+    path = build_dir / name
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise BadInputError(path, f"cannot read: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise BadInputError(path, f"malformed JSON: {exc}") from None
+    if not isinstance(data, dict) or "method" not in data:
+        raise BadInputError(path, "not an embedded-engine config written by spectool build")
+    return data
+
+
+def prepare_serve(
+    build_dir: str | Path,
+    *,
+    engine: str | None = None,
+    speculation: str = "auto",
+    expected_concurrency: int | None = None,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    extra: Sequence[str] = (),
+    facts: MachineFacts | None = None,
+    trtllm_serve: str | None = None,
+) -> ServePlan:
+    """Check a build folder against this machine, apply the cost gate, and build the command.
+
+    Raises :class:`BadInputError` (not a build, wrong ``engine``),
+    :class:`EngineMissingError` (no ``trtllm-serve``; checked first, with the install hint) and
+    :class:`BuildMismatchError` listing every mismatch (GPU, TensorRT-LLM, engines, models).
+    ``facts`` (this machine) and ``trtllm_serve`` (its path) are looked up when None.
+    """
+    from spectool.deploy.machine import (
+        changed_files,
+        current_machine,
+        engine_dir_problems,
+        machine_problems,
+    )
+
+    build_dir = Path(build_dir).expanduser().resolve()
+    manifest = read_manifest(build_dir)
+    if engine is not None and engine != manifest.engine:
+        raise BadInputError(
+            "--engine", f"{build_dir} was built for engine {manifest.engine}, not {engine}"
+        )
+    if manifest.engine == "trtllm" and trtllm_serve is None:
+        from spectool.trtllm.launch import find_trtllm_serve
+
+        trtllm_serve = find_trtllm_serve()
+    facts = current_machine() if facts is None else facts
+    check = machine_problems(manifest, facts)
+    errors = list(check.errors)
+    errors += engine_dir_problems(build_dir, manifest, facts)
+    if errors:
+        raise BuildMismatchError(f"{build_dir} does not fit this machine: " + "; ".join(errors))
+    warnings = list(check.warnings)
+    changed = changed_files(build_dir, manifest)
+    if changed:
+        warnings.append(
+            f"{', '.join(changed)} changed since the build (sha256 differs from manifest.json); "
+            "serving the files as they are"
+        )
+    runtime_gate = (
+        RuntimeGate(manifest.runtime_gate.kind, manifest.runtime_gate.off_above)
+        if manifest.runtime_gate is not None
+        else None
+    )
+    gate = decide_speculation(
+        speculation,
+        _decision_of(manifest),
+        expected_concurrency=expected_concurrency,
+        runtime_gate=runtime_gate,
+    )
+    spec_name, base_name = manifest.config_files
+    name = spec_name if gate.speculate else base_name
+    torch_config = _read_torch_config(build_dir, name) if manifest.engine == "torch" else None
+    command = serve_command(
+        build_dir,
+        manifest,
+        speculative=gate.speculate,
+        host=host,
+        port=port,
+        extra=extra,
+        trtllm_serve=trtllm_serve or "trtllm-serve",
+        torch_config=torch_config,
+    )
+    return ServePlan(build_dir, manifest, gate, command, tuple(warnings))
