@@ -9,6 +9,12 @@ from pathlib import Path
 from spectool.errors import OutputExistsError
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path: str | Path, data: bytes, *, force: bool = True) -> Path:
     """Write ``data`` to ``path`` through a temporary file in the same folder and a rename.
 
@@ -24,6 +30,7 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, force: bool = True) -> 
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file normal permissions
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

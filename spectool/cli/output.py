@@ -35,4 +35,5 @@ def findings_table(findings: list[Finding], title: str = "Findings") -> Table:
 
 
 def gib(n: int | float) -> str:
-    return f"{n / 1024**3:.2f} GiB"
+    """A byte count for people: GiB from 1 GiB up, else MiB."""
+    return f"{n / 1024**3:.2f} GiB" if n >= 1024**3 else f"{n / 1024**2:.1f} MiB"
