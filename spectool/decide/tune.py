@@ -21,7 +21,9 @@ an earlier, interrupted run are passed in and never measured again. The search, 
    concurrency's cells (:func:`_ranking_ratios`); 0 when none pays. No choice may exceed the
    one at the smallest concurrency (it is the schedule's ``max_draft_len``); when the best cells
    break that rule, the predicted best writable cells are measured too and the writable set with
-   the best total is chosen (:func:`_final_choices`).
+   the best total is chosen (:func:`_final_choices`). Because the smallest concurrency's choice
+   gates all others, an ``inconclusive`` cell there may be chosen when it lets larger
+   concurrencies use better paying cells and the total is better for it; a note says so.
 
 Predictions use the planned cells (steps 1-3) only, so a resumed search predicts, and measures,
 exactly what an uninterrupted one would. Without acceptance or step times (client timings and no
@@ -303,7 +305,18 @@ def tune(
                     get(c, best.k)
         if extra:
             verdicts, choices, uncapped = decide()
-    if uncapped != choices:
+    first_cell = next(
+        (v for v in verdicts if (v.concurrency, v.k) == (concs[0], choices[concs[0]])), None
+    )
+    if first_cell is not None and first_cell.verdict == "inconclusive":
+        enabled = [c for c in concs[1:] if choices[c] > 0]
+        notes.append(
+            f"k={first_cell.k} at concurrency {concs[0]} is inconclusive (ratio "
+            f"{first_cell.ratio:.3f}, CI {first_cell.ci_low:.3f}-{first_cell.ci_high:.3f}); it was "
+            f"kept because the schedule's first value gates every concurrency and it lets "
+            f"{', '.join(map(str, enabled))} speculate where speculation pays"
+        )
+    if any(uncapped[c] > choices[c] for c in concs[1:]):
         notes.append(
             f"best measured draft lengths {uncapped} exceed the smallest concurrency's; a "
             f"draft_len_schedule cannot, so the best writable set was chosen: {choices}"
@@ -418,6 +431,12 @@ def _final_choices(
     (and 0) is tried, each other concurrency takes its best eligible cell with ``k <= k1``, and
     the set with the lowest sum of ranking ratios (1 for "off") over concurrencies wins, ties to
     the smaller ``k1``: concurrencies count equally, since the traffic mix is unknown.
+
+    The smallest concurrency's choice gates every other one, so when no cell pays there, an
+    ``inconclusive`` one whose ratio is below ``1 - min_gain`` is tried as ``k1`` too, but only
+    in sets where some larger concurrency then uses a cell that pays: otherwise one noisy interval at the smallest
+    concurrency would switch speculation off everywhere, also where it measurably pays (on a
+    CPU, where drafting overhead weighs most at batch 1, that is the usual case).
     """
 
     def eligible(v: CellVerdict) -> bool:
@@ -438,15 +457,28 @@ def _final_choices(
     if not cap:
         return {c: best_up_to(c, None)[0] for c in concurrencies}
     first, rest = concurrencies[0], concurrencies[1:]
-    best: tuple[float, int, dict[int, int]] | None = None
-    for k1 in sorted({0, *scores[first]}):
+    enabling = {
+        v.k: ranking[(v.concurrency, v.k)]
+        for v in verdicts
+        if v.concurrency == first and v.verdict == "inconclusive"
+    }
+
+    def option(k1: int, first_score: float) -> tuple[float, float, int, dict[int, int]]:
+        """(total, total over the other concurrencies, k1, choices) with ``k1`` first."""
         choices = {first: k1}
-        total = scores[first].get(k1, 1.0)
+        rest_total = 0.0
         for c in rest:
             k, score = best_up_to(c, k1) if k1 > 0 else (0, 1.0)
             choices[c] = k
-            total += score
-        if best is None or total < best[0]:
-            best = (total, k1, choices)
-    assert best is not None  # k1 = 0 is always tried
-    return best[2]
+            rest_total += score
+        return first_score + rest_total, rest_total, k1, choices
+
+    # Ties go to the smaller k1 (tuples compare the total, then the rest, then k1).
+    best = min(option(k1, scores[first].get(k1, 1.0)) for k1 in {0, *scores[first]})
+    for k1, first_score in sorted(enabling.items()):
+        total, rest_total, _, choices = candidate = option(k1, first_score)
+        # An undecided first cell must earn its place: it has to let the other concurrencies
+        # do better than any first choice that pays, and win on the whole.
+        if any(choices[c] > 0 for c in rest) and rest_total < best[1] and total < best[0]:
+            best = candidate
+    return best[3]

@@ -1,0 +1,81 @@
+"""Turn a tune decision into files: ``DIR/decision.json`` and a build folder in ``DIR`` itself.
+
+``decision.json`` is :meth:`spectool.decide.tune.TuneResult.to_decision_json` (what ``build
+--decision`` and ``serve``'s cost gate read). The serving configs are then written by
+``spectool build``'s own code (:mod:`spectool.deploy.build`) with ``--decision DIR/decision.json
+--out DIR``, so ``DIR`` is also a build folder ``spectool serve DIR`` can run:
+
+* TensorRT-LLM: ``speculative.yaml`` carrying the per-concurrency choices as the release allows
+  (``draft_len_schedule``, else ``max_concurrency``, else no gate and serve's cost gate), and
+  ``baseline.yaml``;
+* embedded engine: ``speculative.json`` / ``baseline.json`` (its EngineConfig, the schedule in
+  ``draft_len_schedule`` or ``max_concurrency``);
+* ``manifest.json``.
+
+When speculation pays nowhere the speculative config keeps the searched ``max_draft_len`` (it
+is still a valid config) and the manifest says so; ``serve`` then runs the baseline.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from spectool.decide.tune import TuneResult
+from spectool.errors import IncompatibleError
+from spectool.io import atomic_write_text
+from spectool.tuning.request import ResolvedTune
+from spectool.tuning.setup import DECISION_NAME
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What was written: ``decision.json``, the build's files, and the build's notes."""
+
+    decision_path: Path
+    build_files: tuple[Path, ...]
+    notes: tuple[str, ...]
+
+
+def write_decision(result: TuneResult, out: Path) -> Path:
+    """``DIR/decision.json`` (2-space JSON, trailing newline), atomically."""
+    text = json.dumps(result.to_decision_json(), indent=2) + "\n"
+    return atomic_write_text(out / DECISION_NAME, text)
+
+
+def write_deployment(resolved: ResolvedTune, result: TuneResult, out: Path) -> Deployment:
+    """Write ``decision.json``, then the build folder for it in ``out`` (module docstring)."""
+    from spectool.deploy.build import BuildRequest, check_build, plan_build, write_build
+
+    decision_path = write_decision(result, out)
+    req, report = resolved.request, resolved.report
+    drafter = report.drafter.ref if report.drafter is not None else None
+    if drafter is None and report.method == "mtp":
+        drafter = "self"
+    inputs = check_build(
+        BuildRequest(
+            target=report.target.ref,
+            drafter=drafter,
+            method=report.method,
+            # the decision's own max_draft_len wins when it speculates (build checks they agree)
+            max_draft_len=None if result.max_draft_len > 0 else resolved.max_draft_len,
+            out=out,
+            engine=resolved.engine,
+            trtllm_version=req.trtllm_version,
+            trtllm_backend=req.trtllm_backend,
+            gpu=req.gpu if resolved.engine == "trtllm" else None,
+            tp=req.tp,
+            max_batch_size=resolved.build_max_batch_size,
+            max_seq_len=resolved.build_max_seq_len,
+            decision=decision_path,
+            force=True,  # DIR holds tune's own files; build replaces only its own
+            trust_remote_code=req.trust_remote_code,
+        )
+    )
+    if inputs.report.errors:
+        problems = "; ".join(f.message for f in inputs.report.errors)
+        raise IncompatibleError(f"the build for the decision was refused: {problems}")
+    plan = plan_build(inputs)
+    written = write_build(plan, force=True)
+    return Deployment(decision_path, tuple(written), (*plan.warnings, *plan.notes))

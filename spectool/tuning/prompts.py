@@ -1,0 +1,109 @@
+"""The prompts of one tune run: the built-in workload or a file, fitted to the server's length limit.
+
+A prompt only measures decoding if the server accepts it: prompt tokens plus ``max_tokens``
+output tokens plus one verify step's drafts must fit the server's sequence limit. Prompts that
+do not fit are dropped (counted, and said in the report), never truncated: a cut prompt is a
+different prompt. The built-in workload (:func:`spectool.measure.workloads.builtin_workload`,
+Python standard-library text) is drawn larger until enough prompts fit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from spectool.errors import BadInputError
+from spectool.measure.workloads import Prompt, builtin_workload, load_workload_file, workload_id
+
+BUILTIN = "builtin"
+_MAX_BUILTIN_DRAWS = 6  # the built-in draw doubles at most this many times
+
+
+@dataclass(frozen=True)
+class TunePrompts:
+    """The prompts used, where they came from, and how many were dropped as too long.
+
+    ``max_prompt_tokens`` is the longest prompt kept (None: no tokenizer to count with, nothing
+    dropped).
+    """
+
+    prompts: tuple[Prompt, ...]
+    source: str
+    dropped: int
+    max_prompt_tokens: int | None
+
+    @property
+    def workload_id(self) -> str:
+        return workload_id(self.prompts)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "source": self.source,
+            "id": self.workload_id,
+            "prompts": len(self.prompts),
+            "dropped_too_long": self.dropped,
+            "max_prompt_tokens": self.max_prompt_tokens,
+        }
+
+
+def _fitting(
+    prompts: list[Prompt], count_tokens: Callable[[str], int] | None, limit: int | None
+) -> list[Prompt]:
+    if count_tokens is None or limit is None:
+        return prompts
+    return [p for p in prompts if count_tokens(p.text) + 1 <= limit]  # +1: a BOS token
+
+
+def tune_prompts(
+    workload: Path | None,
+    needed: int,
+    *,
+    count_tokens: Callable[[str], int] | None,
+    max_prompt_tokens: int | None,
+    seed: int = 0,
+) -> TunePrompts:
+    """``needed`` built-in prompts that fit, or every fitting prompt of ``workload``.
+
+    :class:`BadInputError` when no prompt of the file fits, or the built-in workload cannot
+    give ``needed`` fitting prompts.
+    """
+    if max_prompt_tokens is not None and max_prompt_tokens < 1:
+        raise BadInputError(
+            "--max-tokens", "leaves no room for a prompt within the server's sequence limit"
+        )
+    if workload is not None:
+        everything = load_workload_file(workload)
+        kept = _fitting(everything, count_tokens, max_prompt_tokens)
+        if not kept:
+            raise BadInputError(
+                workload,
+                f"no prompt fits the server's limit of {max_prompt_tokens} prompt tokens "
+                "(lower --max-tokens or raise --max-seq-len)",
+            )
+        dropped = len(everything) - len(kept)
+        return TunePrompts(tuple(kept), str(workload), dropped, max_prompt_tokens)
+    # A larger draw starts with the same prompts as a smaller one (same files, same order).
+    draw = needed
+    for _ in range(_MAX_BUILTIN_DRAWS):
+        try:
+            drawn = builtin_workload(draw, seed=seed)
+        except BadInputError:
+            break  # the standard library ran out of prompts of some category
+        kept: list[Prompt] = []
+        dropped = 0
+        for prompt in drawn:
+            if len(kept) == needed:
+                break
+            if _fitting([prompt], count_tokens, max_prompt_tokens):
+                kept.append(prompt)
+            else:
+                dropped += 1
+        if len(kept) == needed:
+            return TunePrompts(tuple(kept), BUILTIN, dropped, max_prompt_tokens)
+        draw *= 2
+    raise BadInputError(
+        "built-in workload",
+        f"fewer than {needed} prompts fit the server's limit of {max_prompt_tokens} prompt tokens "
+        "(lower --max-tokens, raise --max-seq-len, or pass --workload)",
+    )

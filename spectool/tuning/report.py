@@ -1,0 +1,327 @@
+"""``DIR/report.md``: the decision and the evidence for it, for a person to read.
+
+Sections: the decision (draft length per concurrency, break-even, the files written); how it was
+measured; runs used against the full grid; per-token latency, per-user tokens/s and throughput
+for every measured ``k`` x concurrency with bootstrap intervals; the cost inequality's terms per
+cell; predicted against measured; acceptance per position; the fitted step-cost model; notes.
+Numbers come from :class:`~spectool.tuning.session.TuneOutcome` only; nothing is recomputed here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from spectool.io import atomic_write_text
+from spectool.tuning.setup import PLOT_NAMES, REPORT_NAME
+from spectool.tuning.stats import Interval
+
+if TYPE_CHECKING:
+    from spectool.tuning.session import TuneOutcome
+
+DASH = "–"
+
+
+def _iv(interval: Interval, digits: int = 2) -> str:
+    return (
+        f"{interval.value:.{digits}f} ({interval.low:.{digits}f}{DASH}{interval.high:.{digits}f})"
+    )
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return DASH if value is None else f"{value:.{digits}f}"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines + [""]
+
+
+def _k_name(k: int) -> str:
+    return "k=0 (off)" if k == 0 else f"k={k}"
+
+
+def _grid_table(outcome: TuneOutcome, title: str, cell_text: object) -> list[str]:
+    """A k x concurrency table of measured cells (``cell_text(stats) -> str``)."""
+    concs = outcome.result.concurrencies
+    ks = sorted({k for _, k in outcome.stats})
+    rows = []
+    for k in ks:
+        row = [_k_name(k)]
+        for c in concs:
+            s = outcome.stats.get((c, k))
+            row.append(DASH if s is None else cell_text(s))  # type: ignore[operator]
+        rows.append(row)
+    return [f"### {title}", "", *_table(["", *(f"c={c}" for c in concs)], rows)]
+
+
+def report_markdown(outcome: TuneOutcome) -> str:
+    """The report's text (see the module docstring)."""
+    result, resolved = outcome.result, outcome.resolved
+    req = resolved.request
+    report = resolved.report
+    concs = result.concurrencies
+    verdicts = {(v.concurrency, v.k): v for v in result.cells}
+    lines: list[str] = []
+    drafter = report.drafter.ref if report.drafter is not None else "(none)"
+    lines += [
+        "# spectool tune report",
+        "",
+        f"Target `{report.target.ref}`, drafter `{drafter}`, method `{resolved.method}`, engine "
+        f"`{resolved.engine}`, draft lengths searched 0..{result.searched_max_draft_len}, "
+        f"concurrencies {', '.join(map(str, concs))}.",
+        "",
+        "## Decision",
+        "",
+    ]
+    rows = []
+    for c in concs:
+        k = result.choices[c]
+        base = outcome.stats.get((c, 0))
+        chosen = outcome.stats.get((c, k))
+        v = verdicts.get((c, k))
+        ratio = DASH if v is None else f"{v.ratio:.3f} ({v.ci_low:.3f}{DASH}{v.ci_high:.3f})"
+        verdict = "baseline" if v is None else v.verdict.replace("_", " ")
+        speed = DASH
+        if base is not None and chosen is not None:
+            speed = (
+                f"{chosen.tokens_per_s_per_user.value:.1f} vs "
+                f"{base.tokens_per_s_per_user.value:.1f}"
+            )
+        rows.append(
+            [str(c), str(k), ratio, verdict, speed, str(result.predicted_choices.get(c, DASH))]
+        )
+    lines += _table(
+        [
+            "concurrency",
+            "chosen k",
+            "ratio lhs/rhs (CI)",
+            "verdict",
+            "tokens/s per user (chosen vs off)",
+            "predicted k",
+        ],
+        rows,
+    )
+    be = result.break_even_concurrency
+    lines += [
+        f"- Break-even concurrency: **{be if be is not None else 'none measured'}** "
+        + (
+            "(speculation is off from here on)."
+            if be is not None
+            else "(speculation still pays at the largest concurrency measured)."
+        ),
+        f"- `draft_len_schedule` ({result.schedule_semantics} semantics): "
+        + (
+            "`" + str(dict(sorted(result.schedule.items()))) + "`"
+            if result.schedule
+            else "none: speculation pays nowhere, so no speculation is written"
+        )
+        + (
+            f"; as `max_draft_len` + `max_concurrency`: {result.gate.max_draft_len} up to "
+            f"{result.gate.max_concurrency}."
+            if result.gate is not None
+            else "."
+        ),
+        "- Rule: at each concurrency the draft length whose whole "
+        f"{req.confidence:.0%} interval of lhs/rhs lies below 1 (`pays`) with the best "
+        "measured step cost per confirmed token; 0 when none pays (an interval straddling 1 is "
+        "`inconclusive`). No choice may exceed the one at the smallest concurrency "
+        "(TensorRT-LLM's schedule starts with max_draft_len), so the writable set with the best "
+        "sum of ratios over concurrencies is chosen; only there, at the smallest concurrency, "
+        "may an inconclusive cell be kept, when it lets larger concurrencies use cells that pay "
+        "(a note says so).",
+        "",
+        "Files: " + ", ".join(f"`{Path(p).name}`" for p in outcome.files) + ".",
+        "",
+    ]
+    # -- how it was measured
+    lines += [
+        "## Measurement",
+        "",
+        f"- Workload: {outcome.prompts.source} ({len(outcome.prompts.prompts)} prompts, "
+        f"id `{outcome.prompts.workload_id}`); every request asks for exactly "
+        f"{resolved.max_tokens} output tokens at temperature 0.",
+        "- Each cell: "
+        + ", ".join(f"c={c}: {max(resolved.num_prompts, 2 * c)} requests" for c in concs)
+        + f" per trial, after a warmup wave of c requests; {req.repeats} trial(s) per cell, "
+        "closed loop (c requests always in flight).",
+        f"- Server settings: {outcome.setup.server}.",
+        f"- Intervals: {req.confidence:.0%} percentile bootstrap ({req.n_boot} resamples): "
+        "decode steps in moving blocks for lhs/rhs, requests for latency and throughput.",
+        "",
+        "## Runs",
+        "",
+        f"- Cells the decision rests on: **{result.runs_used}** of the full grid's "
+        f"{result.full_grid_runs} "
+        f"({result.runs_used / result.full_grid_runs:.0%}); measured in this run: "
+        f"{len(result.measured_now)}, reused from an earlier run: {len(result.reused)}.",
+        f"- Trials measured in this run: {outcome.trials_measured_now}; server starts: "
+        f"{outcome.server_starts}; measuring took {outcome.measure_s:.1f} s, the whole run "
+        f"{outcome.wall_s:.1f} s.",
+        (
+            f"- Stability: {outcome.drift.describe()}"
+            + (
+                ": **the machine's speed changed during the run**."
+                if outcome.drift.significant
+                else ": no significant change."
+            )
+            if outcome.drift is not None
+            else "- Stability: not checked (nothing was measured in this run)."
+        ),
+        "",
+        "## Latency and throughput per k x concurrency",
+        "",
+        "Measured cells only (a dash: not measured, the model predicted it is not the best).",
+        "",
+    ]
+    lines += _grid_table(
+        outcome, "ms per output token (token-weighted TPOT, CI)", lambda s: _iv(s.ms_per_token)
+    )
+    lines += _grid_table(
+        outcome, "tokens/s per user (CI)", lambda s: _iv(s.tokens_per_s_per_user, 1)
+    )
+    lines += _grid_table(
+        outcome,
+        "throughput, output tokens/s (c x tokens per request / E2E, CI)",
+        lambda s: _iv(s.throughput_tokens_per_s, 1),
+    )
+    # -- the inequality
+    lines += [
+        "## The cost inequality per cell",
+        "",
+        "lhs = (t_draft + t_verify + t_coord) / confirmed tokens, rhs = decode time per token "
+        "without speculation at the same concurrency, both in ms per token.",
+        "",
+    ]
+    rows = []
+    for v in result.cells:
+        rows.append(
+            [
+                str(v.concurrency),
+                str(v.k),
+                f"{v.lhs_ms_per_token:.3f}",
+                f"{v.rhs_ms_per_token:.3f}",
+                f"{v.ratio:.3f}",
+                f"{v.ci_low:.3f}{DASH}{v.ci_high:.3f}",
+                v.verdict.replace("_", " "),
+                v.source,
+                _num(v.tokens_per_step_measured),
+                _num(v.tokens_per_step_predicted),
+                _num(v.step_cost_ratio, 3),
+                _num(v.predicted_speedup, 3),
+                f"{v.measured_speedup:.3f}",
+            ]
+        )
+    lines += _table(
+        [
+            "c",
+            "k",
+            "lhs ms",
+            "rhs ms",
+            "ratio",
+            "CI",
+            "verdict",
+            "from",
+            "tokens/step meas.",
+            "tokens/step pred.",
+            "step cost ratio",
+            "speedup pred.",
+            "speedup meas.",
+        ],
+        rows,
+    )
+    # -- predicted vs measured
+    lines += ["## Predicted against measured", ""]
+    if result.checks:
+        rows = [
+            [
+                str(p.concurrency),
+                str(p.k),
+                f"{p.predicted_ratio:.3f}",
+                f"{p.measured_ratio:.3f}",
+                f"{p.ci_low:.3f}{DASH}{p.ci_high:.3f}",
+                "yes" if p.ci_low <= p.predicted_ratio <= p.ci_high else "no",
+            ]
+            for p in result.checks
+        ]
+        lines += _table(
+            ["c", "k", "predicted ratio", "measured ratio", "measured CI", "prediction in CI"],
+            rows,
+        )
+    else:
+        lines += ["No predictions (nothing to predict from): the full grid was measured.", ""]
+    if result.predictions:
+        pred = {(p.concurrency, p.k): p for p in result.predictions}
+        ks = range(1, result.searched_max_draft_len + 1)
+        rows = [
+            [f"k={k}", *(f"{pred[(c, k)].ratio:.3f}" if (c, k) in pred else DASH for c in concs)]
+            for k in ks
+        ]
+        lines += [
+            "Predicted ratio for every cell of the grid (below 1: speculation predicted to pay):",
+            "",
+            *_table(["", *(f"c={c}" for c in concs)], rows),
+        ]
+    # -- acceptance
+    lines += ["## Acceptance per position", ""]
+    acc_rows = []
+    for (c, k), s in sorted(outcome.stats.items()):
+        if k > 0 and s.alphas is not None:
+            acc_rows.append(
+                [str(c), str(k), _num(s.tokens_per_step), *(f"{a:.3f}" for a in s.alphas)]
+            )
+    if acc_rows:
+        width = max(len(r) for r in acc_rows) - 3
+        acc_rows = [r + [DASH] * (width + 3 - len(r)) for r in acc_rows]
+        lines += [
+            "alpha_i = P(position i accepted | positions before it accepted); E[tokens | k] = "
+            "1 + sum over i <= k of alpha_1 x ... x alpha_i.",
+            "",
+            *_table(["c", "k", "tokens/step", *(f"alpha_{i + 1}" for i in range(width))], acc_rows),
+        ]
+    else:
+        lines += [
+            "The engine reports no per-position counts; a constant acceptance rate was fitted "
+            "to the measured tokens per step.",
+            "",
+        ]
+    # -- model
+    lines += ["## Step-cost model", ""]
+    model = result.cost_model
+    if model is None:
+        lines += ["Not fitted (no step times or acceptance were measured).", ""]
+    else:
+        lines += [
+            "t_step(b, k) = fixed + per_request x b + [k > 0] x (spec_fixed + per_draft_token "
+            "x b x k + per_draft_pass x k), in ms, fitted by non-negative least squares to "
+            f"{model.n_observations} cells (rms residual {model.rms_residual_ms:.3f} ms):",
+            "",
+            *_table(
+                ["fixed", "per_request", "spec_fixed", "per_draft_token", "per_draft_pass"],
+                [
+                    [
+                        f"{model.fixed_ms:.4f}",
+                        f"{model.per_request_ms:.4f}",
+                        f"{model.spec_fixed_ms:.4f}",
+                        f"{model.per_draft_token_ms:.4f}",
+                        f"{model.per_draft_pass_ms:.4f}",
+                    ]
+                ],
+            ),
+            f"Terms the measured cells could identify: {', '.join(model.fitted)}.",
+            "",
+        ]
+    # -- figures and notes
+    lines += ["## Figures", ""]
+    lines += [f"![{name}]({name})" for name in PLOT_NAMES if (outcome.out / name).is_file()]
+    lines += [""]
+    if outcome.notes:
+        lines += ["## Notes", "", *(f"- {n}" for n in outcome.notes), ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def write_report(outcome: TuneOutcome) -> Path:
+    """Write ``DIR/report.md`` atomically; returns its path."""
+    return atomic_write_text(outcome.out / REPORT_NAME, report_markdown(outcome))

@@ -1,0 +1,495 @@
+"""One ``spectool tune`` run: pick prompts, measure cells on real servers, decide, write outputs.
+
+Order of work:
+
+1. prompts (:mod:`~spectool.tuning.prompts`) and the setup; the output folder is checked
+   against ``--resume``/``--force`` (:func:`~spectool.tuning.setup.prepare_out_dir`);
+2. cells already measured in ``DIR/trials.jsonl`` (every repeat saved) are loaded and handed to
+   the search as finished: they are never measured again;
+3. :func:`spectool.decide.tune.tune` searches: it asks for a cell, this module starts the server
+   for its ``k`` (the driver keeps it while consecutive cells share ``k``), runs the cell's
+   trials through :func:`spectool.measure.runner.measure` (each trial appended to
+   ``trials.jsonl`` the moment it ends) and pools them (:mod:`~spectool.tuning.trials`);
+4. the baseline at the smallest concurrency is measured once more (:mod:`~spectool.tuning.drift`):
+   a machine whose speed changed during the run is reported, not silently trusted;
+5. outputs: ``decision.json`` and the build files (:mod:`~spectool.tuning.deploy`),
+   ``tune.json`` (:mod:`~spectool.tuning.record`), ``report.md`` (:mod:`~spectool.tuning.report`)
+   and the PNG figures (:mod:`~spectool.tuning.plots`).
+
+A request that fails (HTTP error, broken stream) makes its cell unusable: the run stops with
+:class:`~spectool.errors.ChildProcessError_` naming the cell and the first error, rather than
+deciding from the requests that happened to succeed; ``--resume`` measures such trials again
+(:func:`drop_failed_trials`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from spectool.decide.cell import CellMeasurement
+from spectool.decide.model import ScheduleSemantics
+from spectool.decide.tune import TuneResult, tune
+from spectool.errors import ChildProcessError_, SpectoolError
+from spectool.io import atomic_write_text
+from spectool.measure.client import StreamResult
+from spectool.measure.runner import Progress, TrialConfig, TrialResult, load_trials
+from spectool.tuning.drift import Drift, measure_drift
+from spectool.tuning.driver import ServerDriver, ServerInfo
+from spectool.tuning.prompts import TunePrompts, tune_prompts
+from spectool.tuning.request import ResolvedTune
+from spectool.tuning.setup import (
+    SERVER_LOG_NAME,
+    TRIALS_NAME,
+    TuneSetup,
+    checkpoint_identity,
+    prepare_out_dir,
+)
+from spectool.tuning.stats import CellStats, cell_stats
+from spectool.tuning.trials import CellPlan, pooled_cell
+
+CellKey = tuple[int, int]
+# /metrics polling period: the engines keep 1000 iterations between reads, far more than a
+# quarter second holds; a short period shortens the wait after each trial.
+METRICS_INTERVAL_S = 0.25
+
+
+class TuneProgress(Progress, Protocol):
+    """The runner's trial hooks plus tune's own: cells, servers, messages."""
+
+    def on_cell_start(self, concurrency: int, k: int, number: int) -> None:
+        """Cell ``number`` (1-based, this run) is about to be measured."""
+
+    def on_server_ready(self, info: ServerInfo) -> None:
+        """A server for ``info.k`` is up (``ready_s`` 0: it was already running)."""
+
+    def on_message(self, text: str) -> None:
+        """A line worth showing (what is reused, what is written)."""
+
+
+@dataclass(frozen=True)
+class TuneOutcome:
+    """A finished run: the decision, every cell used, and what was written where."""
+
+    result: TuneResult
+    resolved: ResolvedTune
+    out: Path
+    setup: TuneSetup
+    prompts: TunePrompts
+    cells: dict[CellKey, CellMeasurement]
+    stats: dict[CellKey, CellStats]
+    trials_measured_now: int
+    server_starts: int
+    drift: Drift | None
+    wall_s: float
+    measure_s: float
+    files: tuple[Path, ...]
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def count_tokens_for(resolved: ResolvedTune) -> Callable[[str], int] | None:
+    """The target tokenizer's counter when its folder has ``tokenizer.json``."""
+    from spectool.measure.client import tokenizer_counter
+
+    folder = Path(resolved.report.target.path)
+    return tokenizer_counter(folder) if (folder / "tokenizer.json").is_file() else None
+
+
+def _server_settings(resolved: ResolvedTune) -> dict[str, object]:
+    req = resolved.request
+    common: dict[str, object] = {
+        "max_batch_size": resolved.max_batch_size,
+        "max_seq_len": resolved.max_seq_len,
+    }
+    if resolved.engine == "torch":
+        return {**common, "device": req.device, "dtype": req.dtype, "threads": resolved.threads}
+    trtllm = resolved.report.trtllm or {}
+    return {
+        **common,
+        "release": trtllm.get("release"),
+        "version": trtllm.get("version"),
+        "backend": req.trtllm_backend,
+        "gpu": (resolved.report.gpu or {}).get("name"),
+        "tp": req.tp,
+    }
+
+
+def prompts_for(resolved: ResolvedTune, count_tokens: Callable[[str], int] | None) -> TunePrompts:
+    """The run's prompts: enough for the largest trial, each fitting the sequence limit with
+    the output and one verify step's drafts."""
+    probe = CellPlan(
+        resolved.engine, resolved.method, "-", "-", resolved.num_prompts, resolved.max_tokens
+    )
+    return tune_prompts(
+        resolved.request.workload,
+        max(probe.requests_at(c) for c in resolved.concurrencies),
+        count_tokens=count_tokens,
+        max_prompt_tokens=resolved.max_seq_len - resolved.max_tokens - resolved.max_draft_len - 1,
+        seed=resolved.request.seed,
+    )
+
+
+def cell_plan(resolved: ResolvedTune, setup: TuneSetup, prompts: TunePrompts) -> CellPlan:
+    """How every cell of the run is measured (the trials' configs)."""
+    return CellPlan(
+        engine=resolved.engine,
+        method=resolved.method,
+        fingerprint=setup.fingerprint(),
+        workload_id=prompts.workload_id,
+        num_prompts=resolved.num_prompts,
+        max_tokens=resolved.max_tokens,
+        repeats=resolved.request.repeats,
+    )
+
+
+def make_setup(resolved: ResolvedTune, prompts: TunePrompts) -> TuneSetup:
+    """The setup of this run (what its trials measure; see :mod:`spectool.tuning.setup`)."""
+    report = resolved.report
+    drafter = report.drafter
+    return TuneSetup(
+        engine=resolved.engine,
+        method=resolved.method,
+        target=checkpoint_identity(report.target.ref, Path(report.target.path)),
+        drafter=(
+            checkpoint_identity(drafter.ref, Path(drafter.path)) if drafter is not None else None
+        ),
+        server=_server_settings(resolved),
+        workload={"source": prompts.source, "id": prompts.workload_id},
+        max_tokens=resolved.max_tokens,
+        num_prompts=resolved.num_prompts,
+        repeats=resolved.request.repeats,
+    )
+
+
+def make_driver(resolved: ResolvedTune, out: Path) -> ServerDriver:
+    """The server driver for the resolved engine."""
+    if resolved.engine == "torch":
+        from spectool.tuning.torch_driver import TorchDriver
+
+        assert resolved.target_dir is not None
+        assert resolved.threads is not None
+        return TorchDriver(
+            resolved.target_dir,
+            resolved.drafter_dir,
+            resolved.method,
+            model_name=resolved.target_dir.name,
+            max_batch_size=resolved.max_batch_size,
+            max_seq_len=resolved.max_seq_len,
+            device=resolved.request.device,
+            dtype=resolved.request.dtype,
+            threads=resolved.threads,
+            log_path=out / SERVER_LOG_NAME,
+            ready_timeout_s=resolved.ready_timeout_s,
+        )
+    from spectool.tuning.trtllm_driver import TrtllmDriver
+
+    return TrtllmDriver(resolved, configs_dir=out / "configs", log_dir=out / "logs")
+
+
+def schedule_semantics(resolved: ResolvedTune) -> ScheduleSemantics:
+    """How the engine reads ``draft_len_schedule`` keys (informational in decision.json)."""
+    if resolved.engine == "trtllm" and resolved.report.trtllm is not None:
+        from spectool.trtllm.releases import release_info
+
+        rule = release_info(resolved.report.trtllm["release"]).schedule_rule
+        return "up_to" if rule == "smallest_key" else "from"
+    return "up_to"
+
+
+def _check_requests(results: Sequence[TrialResult], where: str) -> None:
+    for trial in results:
+        failed = trial.errors
+        if failed:
+            raise ChildProcessError_(
+                f"{where}: {len(failed)} of {len(trial.records)} requests failed in trial "
+                f"{trial.config.label!r} (first: {failed[0].error}); a cell is measured on "
+                "complete requests only. Fix the server (see its log), then rerun with --resume "
+                "(failed trials are measured again)"
+            )
+
+
+def drop_failed_trials(path: Path, saved: Mapping[str, TrialResult]) -> int:
+    """Rewrite ``path`` without the trials that had a failed request; returns how many.
+
+    A failed trial is never used (:func:`_check_requests`); dropping it lets ``--resume``
+    measure it again instead of refusing the whole folder.
+    """
+    import json
+
+    failed = {key for key, trial in saved.items() if trial.errors}
+    if not failed:
+        return 0
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+        try:
+            key = json.loads(line).get("key")
+        except (json.JSONDecodeError, AttributeError):
+            key = None
+        if key not in failed:
+            kept.append(line)
+    atomic_write_text(path, "".join(kept))
+    return len(failed)
+
+
+def finished_cells(
+    saved: Mapping[str, TrialResult], plan: CellPlan, grid: Sequence[CellKey]
+) -> dict[CellKey, CellMeasurement]:
+    """Cells of ``grid`` whose every repeat is in ``saved`` (a resumed run reuses them)."""
+    cells: dict[CellKey, CellMeasurement] = {}
+    for c, k in grid:
+        keys = [config.key() for config in plan.configs(c, k)]
+        if all(key in saved for key in keys):
+            results = [saved[key] for key in keys]
+            _check_requests(results, f"saved cell (concurrency={c}, k={k})")
+            cells[(c, k)] = pooled_cell(results, k)
+    return cells
+
+
+class _CountingHooks:
+    """Forwards the runner's hooks to ``progress``, counts the trials finished now, and stops
+    the run (KeyboardInterrupt) once ``should_stop`` says so."""
+
+    def __init__(
+        self, progress: TuneProgress | None, should_stop: Callable[[], bool] | None
+    ) -> None:
+        self.progress = progress
+        self.should_stop = should_stop
+        self.trials_done = 0
+
+    def check(self) -> None:
+        if self.should_stop is not None and self.should_stop():
+            raise KeyboardInterrupt
+
+    def on_trial_start(self, config: TrialConfig, num_requests: int) -> None:
+        self.check()
+        if self.progress is not None:
+            self.progress.on_trial_start(config, num_requests)
+
+    def on_request_done(self, config: TrialConfig, result: StreamResult) -> None:
+        if self.progress is not None:
+            self.progress.on_request_done(config, result)
+        self.check()
+
+    def on_trial_done(self, result: TrialResult) -> None:
+        self.trials_done += 1  # already saved: counted even if the run stops now
+        if self.progress is not None:
+            self.progress.on_trial_done(result)
+        self.check()
+
+
+def run_tune(
+    resolved: ResolvedTune,
+    *,
+    progress: TuneProgress | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> TuneOutcome:
+    """Measure, decide and write every output; see the module docstring.
+
+    ``should_stop`` is polled between requests, trials and cells; when it returns True the run
+    stops with KeyboardInterrupt (servers stopped, finished trials kept for ``--resume``).
+    """
+    from spectool.measure.runner import measure
+
+    started = time.perf_counter()
+    req = resolved.request
+    if resolved.engine == "trtllm":  # before anything is written: the install hint, exit 2
+        from spectool.trtllm.launch import find_trtllm_serve
+
+        find_trtllm_serve()
+    out = Path(req.out).expanduser().resolve()
+    count_tokens = count_tokens_for(resolved)
+    prompts = prompts_for(resolved, count_tokens)
+    setup = make_setup(resolved, prompts)
+    prepare_out_dir(out, setup, resume=req.resume, force=req.force)
+    plan = cell_plan(resolved, setup, prompts)
+    trials_path = out / TRIALS_NAME
+    concs = resolved.concurrencies
+    grid = [(c, k) for c in concs for k in range(resolved.max_draft_len + 1)]
+    saved = load_trials(trials_path)
+    failed = drop_failed_trials(trials_path, saved)
+    if failed and progress is not None:
+        progress.on_message(f"resuming: {failed} saved trials had failed requests; measuring again")
+    finished = finished_cells(load_trials(trials_path) if failed else saved, plan, grid)
+    if finished and progress is not None:
+        progress.on_message(f"resuming: {len(finished)} cells already measured in {trials_path}")
+    cells: dict[CellKey, CellMeasurement] = dict(finished)
+    cells_started = 0
+    hooks = _CountingHooks(progress, should_stop)
+    driver = make_driver(resolved, out)
+    measure_started = time.perf_counter()
+    with driver:
+
+        def measure_cell(c: int, k: int) -> CellMeasurement:
+            nonlocal cells_started
+            hooks.check()
+            cells_started += 1
+            if progress is not None:
+                progress.on_cell_start(c, k, cells_started)
+            info = driver.serve(k)
+            if progress is not None:
+                progress.on_server_ready(info)
+            results = measure(
+                info.base_url,
+                info.model_name,
+                prompts.prompts,
+                plan.configs(c, k),
+                results_path=trials_path,
+                progress=hooks,
+                count_tokens=count_tokens,
+                metrics_interval_s=METRICS_INTERVAL_S,
+            )
+            _check_requests(results, f"cell (concurrency={c}, k={k})")
+            cell = pooled_cell(results, k)
+            cells[(c, k)] = cell
+            return cell
+
+        result = tune(
+            concs,
+            resolved.max_draft_len,
+            measure_cell,
+            finished=finished,
+            engine=resolved.engine,
+            method=resolved.method,
+            n_boot=req.n_boot,
+            confidence=req.confidence,
+            seed=req.seed,
+            min_gain=req.min_gain,
+            semantics=schedule_semantics(resolved),
+        )
+        drift = None
+        if result.measured_now:  # something was measured in this run: check the machine
+            c1 = concs[0]
+            info = driver.serve(0)
+            ended = measure(
+                info.base_url,
+                info.model_name,
+                prompts.prompts,
+                [plan.drift_config(c1)],
+                results_path=trials_path,
+                progress=hooks,
+                count_tokens=count_tokens,
+                metrics_interval_s=METRICS_INTERVAL_S,
+            )
+            _check_requests(ended, f"baseline again (concurrency={c1})")
+            drift = measure_drift(
+                cells[(c1, 0)],
+                pooled_cell(ended, 0),
+                n_boot=req.n_boot,
+                confidence=req.confidence,
+                seed=req.seed,
+            )
+        server_starts = driver.starts
+    measure_s = time.perf_counter() - measure_started
+    used = {(v.concurrency, v.k) for v in result.cells} | {(c, 0) for c in concs}
+    cells = {key: cell for key, cell in cells.items() if key in used}
+    stats = {
+        key: cell_stats(cell, n_boot=req.n_boot, confidence=req.confidence, seed=req.seed)
+        for key, cell in sorted(cells.items())
+    }
+    return _write_outputs(
+        resolved,
+        result,
+        out=out,
+        setup=setup,
+        prompts=prompts,
+        cells=cells,
+        stats=stats,
+        trials_measured_now=hooks.trials_done,
+        server_starts=server_starts,
+        drift=drift,
+        started=started,
+        measure_s=measure_s,
+        progress=progress,
+    )
+
+
+def _write_outputs(
+    resolved: ResolvedTune,
+    result: TuneResult,
+    *,
+    out: Path,
+    setup: TuneSetup,
+    prompts: TunePrompts,
+    cells: dict[CellKey, CellMeasurement],
+    stats: dict[CellKey, CellStats],
+    trials_measured_now: int,
+    server_starts: int,
+    drift: Drift | None,
+    started: float,
+    measure_s: float,
+    progress: TuneProgress | None,
+) -> TuneOutcome:
+    """decision.json and the build files, then tune.json, report.md and the figures.
+
+    A build that fails (e.g. a release that cannot express the schedule) still leaves the
+    measurements, tune.json and report.md written; its error is raised last.
+    """
+    from spectool.tuning import plots, record, report
+    from spectool.tuning.deploy import write_decision, write_deployment
+
+    files: list[Path] = []
+    notes: list[str] = list(result.notes)
+    if prompts.dropped:
+        notes.append(
+            f"{prompts.dropped} prompts longer than {prompts.max_prompt_tokens} tokens were left "
+            "out (they would not fit the server's sequence limit with the output)"
+        )
+    if drift is not None and drift.significant:
+        notes.append(
+            f"the machine's speed changed during the run: {drift.describe()}; every ratio "
+            "compares cells measured minutes apart, so rerun on a quiet machine (or with "
+            "--repeats 2) before trusting a close decision"
+        )
+    build_error: SpectoolError | None = None
+    try:
+        deployment = write_deployment(resolved, result, out)
+        files += [deployment.decision_path, *deployment.build_files]
+        notes += [f"build: {n}" for n in deployment.notes]
+    except SpectoolError as exc:
+        build_error = exc
+        files.append(write_decision(result, out))
+        notes.append(f"build files not written: {exc}")
+    outcome = TuneOutcome(
+        result=result,
+        resolved=resolved,
+        out=out,
+        setup=setup,
+        prompts=prompts,
+        cells=cells,
+        stats=stats,
+        trials_measured_now=trials_measured_now,
+        server_starts=server_starts,
+        drift=drift,
+        wall_s=0.0,
+        measure_s=measure_s,
+        files=(),
+        notes=tuple(notes),
+    )
+    try:
+        files += plots.write_plots(outcome)
+    except ImportError as exc:  # matplotlib is an optional extra
+        notes.append(
+            f"figures not drawn: {exc.name or 'matplotlib'} is not installed (pip install 'spectool[plots]')"
+        )
+        outcome = _replace(outcome, notes=tuple(notes))
+    files = list(dict.fromkeys(files))
+    outcome = _replace(outcome, wall_s=time.perf_counter() - started, files=tuple(files))
+    files.append(record.write_tune_json(outcome))
+    files.append(report.write_report(outcome))
+    files = list(dict.fromkeys(files))  # decision.json is also one of the build's files
+    outcome = _replace(outcome, wall_s=time.perf_counter() - started, files=tuple(files))
+    if progress is not None:
+        for path in files:
+            progress.on_message(f"wrote {path}")
+    if build_error is not None:
+        raise build_error
+    return outcome
+
+
+def _replace(outcome: TuneOutcome, **changes: object) -> TuneOutcome:
+    import dataclasses
+
+    return dataclasses.replace(outcome, **changes)  # type: ignore[arg-type]

@@ -1,0 +1,130 @@
+"""Per-cell latency and throughput as one user and the server see them, with bootstrap intervals.
+
+For a measured (concurrency ``c``, draft length ``k``) cell, over its successful requests ``r``:
+
+* **ms per token** (token-weighted TPOT) = ``sum_r (E2E_r - TTFT_r) / sum_r (out_r - 1)`` in ms:
+  the decode time per output token after the first, what the cost inequality's client path uses;
+* **tokens/s per user** = ``1000 / ms per token``;
+* **throughput** (output tokens/s of the server) = ``c * sum_r out_r / sum_r E2E_r``: in a closed
+  loop each of the ``c`` workers is always waiting on a request, so the server delivers ``c``
+  requests' worth of tokens per mean request time (Little's law). ``wall_tokens_per_s`` is the
+  plain ``sum_r out_r / trial wall time`` for comparison (it also counts the ramp-down of the
+  last wave);
+* **TTFT p50** in ms.
+
+Intervals: percentile bootstrap over requests (i.i.d.), ``n_boot`` resamples, generator seeded
+from ``(seed, c, k)``; the per-user rate's interval is the ms-per-token interval inverted.
+Server-side: mean decode-step time, mean batch, confirmed tokens per step, per-position
+acceptance (``alpha_i``) when the engine counts it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from spectool.decide.cell import CellMeasurement
+from spectool.decide.latency import MS_PER_S
+from spectool.errors import BadInputError
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate and its bootstrap interval (same unit)."""
+
+    value: float
+    low: float
+    high: float
+
+    def to_json(self) -> dict[str, float]:
+        return {"value": self.value, "low": self.low, "high": self.high}
+
+
+@dataclass(frozen=True)
+class CellStats:
+    """One cell's latency, throughput and server numbers; see the module docstring."""
+
+    concurrency: int
+    k: int
+    requests: int
+    ms_per_token: Interval
+    tokens_per_s_per_user: Interval
+    throughput_tokens_per_s: Interval
+    wall_tokens_per_s: float | None
+    ttft_p50_ms: float | None
+    step_ms: float | None
+    mean_batch: float | None
+    tokens_per_step: float | None
+    alphas: tuple[float, ...] | None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "concurrency": self.concurrency,
+            "k": self.k,
+            "requests": self.requests,
+            "ms_per_token": self.ms_per_token.to_json(),
+            "tokens_per_s_per_user": self.tokens_per_s_per_user.to_json(),
+            "throughput_tokens_per_s": self.throughput_tokens_per_s.to_json(),
+            "wall_tokens_per_s": self.wall_tokens_per_s,
+            "ttft_p50_ms": self.ttft_p50_ms,
+            "step_ms": self.step_ms,
+            "mean_batch": self.mean_batch,
+            "tokens_per_step": self.tokens_per_step,
+            "alphas": list(self.alphas) if self.alphas is not None else None,
+        }
+
+
+def _ratio_interval(
+    num: np.ndarray,
+    den: np.ndarray,
+    scale: float,
+    n_boot: int,
+    confidence: float,
+    rng: np.random.Generator,
+) -> Interval:
+    value = scale * float(num.sum() / den.sum())
+    idx = rng.integers(0, num.size, size=(n_boot, num.size))
+    ratios = scale * num[idx].sum(axis=1) / den[idx].sum(axis=1)
+    tail = (1.0 - confidence) / 2.0
+    low, high = np.quantile(ratios, [tail, 1.0 - tail])
+    return Interval(value, float(low), float(high))
+
+
+def cell_stats(
+    cell: CellMeasurement, *, n_boot: int = 1000, confidence: float = 0.95, seed: int = 0
+) -> CellStats:
+    """Summarize ``cell`` (needs at least two successful requests with two or more tokens)."""
+    used = [r for r in cell.records if r.ok and r.output_tokens >= 2 and r.decode_s is not None]
+    if len(used) < 2:
+        raise BadInputError(
+            f"cell (concurrency={cell.concurrency}, k={cell.k})",
+            f"{len(used)} usable requests; need 2 with at least two output tokens",
+        )
+    rng = np.random.default_rng([seed, cell.concurrency, cell.k])
+    decode_ms = np.array([r.decode_s * MS_PER_S for r in used], dtype=float)  # type: ignore[operator]
+    later_tokens = np.array([r.output_tokens - 1 for r in used], dtype=float)
+    tpot = _ratio_interval(decode_ms, later_tokens, 1.0, n_boot, confidence, rng)
+    per_user = Interval(MS_PER_S / tpot.value, MS_PER_S / tpot.high, MS_PER_S / tpot.low)
+    out = np.array([r.output_tokens for r in used], dtype=float)
+    e2e = np.array([r.e2e_s for r in used], dtype=float)
+    throughput = _ratio_interval(out, e2e, float(cell.concurrency), n_boot, confidence, rng)
+    ttfts = [t * MS_PER_S for r in used if (t := r.ttft_s) is not None]
+    wall = float(out.sum()) / cell.duration_s if cell.duration_s and cell.duration_s > 0 else None
+    alphas = None
+    if cell.positions is not None and cell.positions.steps:
+        alphas = cell.positions.alphas()
+    return CellStats(
+        concurrency=cell.concurrency,
+        k=cell.k,
+        requests=len(used),
+        ms_per_token=tpot,
+        tokens_per_s_per_user=per_user,
+        throughput_tokens_per_s=throughput,
+        wall_tokens_per_s=wall,
+        ttft_p50_ms=float(np.percentile(ttfts, 50)) if ttfts else None,
+        step_ms=cell.mean_step_ms(),
+        mean_batch=cell.mean_batch_size(),
+        tokens_per_step=cell.tokens_per_step(),
+        alphas=alphas,
+    )

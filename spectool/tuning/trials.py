@@ -1,0 +1,107 @@
+"""The trials behind one (concurrency, k) cell: their configs, and their results pooled into a cell.
+
+A cell is measured as ``repeats`` closed-loop trials (:class:`~spectool.measure.runner.
+TrialConfig`) against a server running draft length ``k`` (0 = speculation off). Per trial:
+
+* measured requests: ``max(num_prompts, 2 * concurrency)``, so every concurrency runs at
+  least two full waves of requests;
+* warmup: ``concurrency`` requests first (one full batch, not recorded), so lazy allocations and
+  the first batch's caches are out of the way;
+* every request asks for exactly ``max_tokens`` tokens (``ignore_eos``), at temperature 0.
+
+The trial's label names the engine, method, ``k``, the repeat and the server-setup fingerprint
+(:func:`spectool.tuning.setup.setup_fingerprint`): a resumed run reuses a saved trial only when
+all of them, and everything else in the config, are equal.
+
+Pooling (:func:`pooled_cell`): the repeats' successful requests, decode-step samples and
+per-position acceptance counts are concatenated into one
+:class:`~spectool.decide.cell.CellMeasurement`; its duration is the sum of the trials' wall times.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from spectool.decide.acceptance import PositionCounts
+from spectool.decide.cell import CellMeasurement
+from spectool.errors import BadInputError
+from spectool.measure.client import RequestOptions
+from spectool.measure.runner import TrialConfig, TrialResult
+
+
+@dataclass(frozen=True)
+class CellPlan:
+    """How every cell of one tune run is measured (see the module docstring)."""
+
+    engine: str
+    method: str
+    fingerprint: str
+    workload_id: str
+    num_prompts: int
+    max_tokens: int
+    repeats: int = 1
+    request: RequestOptions = field(default_factory=RequestOptions)
+
+    def __post_init__(self) -> None:
+        if self.num_prompts < 1 or self.max_tokens < 2 or self.repeats < 1:
+            raise BadInputError(
+                "tune",
+                "need --num-prompts >= 1, --max-tokens >= 2 (one token has no decode step) and "
+                "--repeats >= 1",
+            )
+
+    def requests_at(self, concurrency: int) -> int:
+        """Measured requests of one trial at ``concurrency``."""
+        return max(self.num_prompts, 2 * concurrency)
+
+    def label(self, k: int, repeat: int | str) -> str:
+        """The trial label: engine, method (``none`` for the baseline), k, repeat, setup."""
+        method = "none" if k == 0 else self.method
+        return f"{self.engine} {method} k={k} #{repeat} setup={self.fingerprint}"
+
+    def drift_config(self, concurrency: int) -> TrialConfig:
+        """One more baseline trial at ``concurrency``, run after the search (label ``#drift``):
+        compared with the first one it shows whether the machine's speed changed meanwhile."""
+        first = self.configs(concurrency, 0)[0]
+        return dataclasses.replace(first, label=self.label(0, "drift"))
+
+    def configs(self, concurrency: int, k: int) -> list[TrialConfig]:
+        """The ``repeats`` trials of cell ``(concurrency, k)``, in order."""
+        return [
+            TrialConfig(
+                label=self.label(k, r),
+                concurrency=concurrency,
+                num_prompts=self.requests_at(concurrency),
+                max_tokens=self.max_tokens,
+                warmup_requests=concurrency,
+                workload_id=self.workload_id,
+                request=self.request,
+            )
+            for r in range(self.repeats)
+        ]
+
+
+def pooled_cell(results: Sequence[TrialResult], k: int) -> CellMeasurement:
+    """The cell measured by ``results`` (the repeats of one concurrency at draft length ``k``)."""
+    from spectool.measure.server_stats import to_cell
+
+    if not results:
+        raise BadInputError("tune", f"no trials to pool for k={k}")
+    cells = [to_cell(r, k) for r in results]
+    concurrency = cells[0].concurrency
+    if any(c.concurrency != concurrency for c in cells):
+        raise BadInputError("tune", "trials of one cell ran at different concurrencies")
+    positions: PositionCounts | None = None
+    for cell in cells:
+        if cell.positions is not None:
+            positions = cell.positions if positions is None else positions.merged(cell.positions)
+    return CellMeasurement(
+        concurrency=concurrency,
+        k=k,
+        records=tuple(r for c in cells for r in c.records),
+        iterations=tuple(s for c in cells for s in c.iterations),
+        positions=positions,
+        duration_s=sum(c.duration_s or 0.0 for c in cells),
+    )

@@ -1,0 +1,184 @@
+"""tune's small parts: option parsing, defaults, trial plans, pooling, prompts, per-cell stats."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from spectool.cli.app import main
+from spectool.decide.cell import CellMeasurement
+from spectool.decide.latency import RequestRecord
+from spectool.errors import BadInputError
+from spectool.measure.runner import TrialResult
+from spectool.tuning.prompts import BUILTIN, tune_prompts
+from spectool.tuning.request import (
+    ENGINE_DEFAULTS,
+    TuneRequest,
+    parse_concurrencies,
+    resolve,
+)
+from spectool.tuning.stats import cell_stats
+from spectool.tuning.trials import CellPlan, pooled_cell
+
+
+def _record(i: int, ttft_s: float, decode_s: float, tokens: int) -> RequestRecord:
+    first = 0.01 + ttft_s
+    return RequestRecord(
+        request_id=f"r{i}",
+        category="c",
+        send_time_s=0.01,
+        first_token_time_s=first,
+        chunk_times_s=(first, first + decode_s),
+        chunk_token_counts=(1, tokens - 1),
+        end_time_s=first + decode_s,
+        prompt_tokens=5,
+        output_tokens=tokens,
+    )
+
+
+def test_parse_concurrencies() -> None:
+    assert parse_concurrencies("8, 1,2,2") == (1, 2, 8)
+    for bad in ("0", "a", " , ", "1,-4"):
+        with pytest.raises(BadInputError, match="--concurrency"):
+            parse_concurrencies(bad)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--concurrency", "0"], "--concurrency"),
+        (["--repeats", "0"], "--repeats"),
+        (["--max-tokens", "1"], "--max-tokens"),
+        (["--engine", "vllm"], "--engine"),
+        (["--confidence", "1.5"], "--confidence"),
+    ],
+)
+def test_bad_options_exit_2(
+    args: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["tune", *args]) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_torch_defaults_and_limits(tune_models: tuple[Path, Path], tmp_path: Path) -> None:
+    target, drafter = tune_models
+    resolved = resolve(TuneRequest(target=str(target), drafter=str(drafter), engine="torch"))
+    defaults = ENGINE_DEFAULTS["torch"]
+    assert resolved.concurrencies == defaults.concurrencies == (1, 2, 4, 8)
+    assert (resolved.num_prompts, resolved.max_tokens) == (16, 32)
+    assert resolved.method == "draft_model"
+    assert resolved.max_batch_size == 32  # spectool serve's default, >= every concurrency
+    assert resolved.max_seq_len == 1024
+    assert resolved.target_dir == target.resolve()
+    with pytest.raises(BadInputError, match="--max-batch-size"):
+        resolve(
+            TuneRequest(target=str(target), drafter=str(drafter), engine="torch", max_batch_size=4)
+        )
+
+
+def test_cell_plan_trials() -> None:
+    plan = CellPlan(
+        "torch", "draft_model", "abc", "sha256:w", num_prompts=4, max_tokens=8, repeats=2
+    )
+    configs = plan.configs(8, 3)
+    assert [c.num_prompts for c in configs] == [16, 16]  # two full waves at concurrency 8
+    assert [c.warmup_requests for c in configs] == [8, 8]
+    assert len({c.key() for c in configs}) == 2
+    assert plan.configs(1, 0)[0].label.startswith("torch none k=0 #0")
+    assert plan.configs(2, 1)[0].num_prompts == 4
+    other = CellPlan("torch", "draft_model", "xyz", "sha256:w", num_prompts=4, max_tokens=8)
+    assert other.configs(8, 3)[0].key() != configs[0].key()  # another setup: another trial
+
+
+def test_pooled_cell_concatenates_repeats() -> None:
+    plan = CellPlan(
+        "torch", "draft_model", "abc", "sha256:w", num_prompts=2, max_tokens=4, repeats=2
+    )
+    results = [
+        TrialResult(
+            config=config,
+            records=(_record(2 * n, 0.1, 0.3, 4), _record(2 * n + 1, 0.1, 0.6, 4)),
+            token_count_sources=("usage", "usage"),
+            iteration_stats=(),
+            raw_iteration_stats=(),
+            wall_time_s=1.5,
+            started_at="",
+        )
+        for n, config in enumerate(plan.configs(1, 2))
+    ]
+    cell = pooled_cell(results, 2)
+    assert cell.key == (1, 2)
+    assert len(cell.records) == 4
+    assert cell.duration_s == pytest.approx(3.0)
+
+
+def test_cell_stats_formulas() -> None:
+    records = [_record(i, 0.05, 0.03 * (i + 1), 4) for i in range(6)]  # 3 decode tokens each
+    cell = CellMeasurement(concurrency=2, k=0, records=tuple(records), duration_s=2.0)
+    stats = cell_stats(cell, n_boot=200)
+    decode_ms = sum(0.03 * (i + 1) for i in range(6)) * 1000
+    assert stats.ms_per_token.value == pytest.approx(decode_ms / 18)
+    assert stats.ms_per_token.low <= stats.ms_per_token.value <= stats.ms_per_token.high
+    assert stats.tokens_per_s_per_user.value == pytest.approx(1000 / stats.ms_per_token.value)
+    e2e = sum(0.05 + 0.03 * (i + 1) for i in range(6))
+    assert stats.throughput_tokens_per_s.value == pytest.approx(2 * 24 / e2e)
+    assert stats.wall_tokens_per_s == pytest.approx(24 / 2.0)
+    assert stats.ttft_p50_ms == pytest.approx(50.0)
+
+
+def test_prompts_too_long_are_dropped_never_cut(tmp_path: Path) -> None:
+    path = tmp_path / "w.jsonl"
+    lines = [{"prompt": "a b c"}, {"prompt": " ".join(["w"] * 50)}, {"prompt": "d e"}]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+    def words(text: str) -> int:
+        return len(text.split())
+
+    chosen = tune_prompts(path, 16, count_tokens=words, max_prompt_tokens=10)
+    assert [p.text for p in chosen.prompts] == ["a b c", "d e"]
+    assert chosen.dropped == 1
+    with pytest.raises(BadInputError, match="no prompt fits"):
+        tune_prompts(path, 16, count_tokens=words, max_prompt_tokens=2)
+
+
+def test_builtin_prompts_fit_and_are_stable() -> None:
+    def chars(text: str) -> int:
+        return len(text) // 4
+
+    first = tune_prompts(None, 6, count_tokens=chars, max_prompt_tokens=120)
+    again = tune_prompts(None, 6, count_tokens=chars, max_prompt_tokens=120)
+    assert first.source == BUILTIN
+    assert len(first.prompts) == 6
+    assert all(chars(p.text) + 1 <= 120 for p in first.prompts)
+    assert first.workload_id == again.workload_id
+
+
+def test_failed_trials_are_dropped_so_resume_measures_them_again(tmp_path: Path) -> None:
+    from spectool.measure.runner import load_trials
+    from spectool.tuning.session import drop_failed_trials
+
+    plan = CellPlan("torch", "draft_model", "abc", "sha256:w", num_prompts=2, max_tokens=4)
+    good = _record(0, 0.1, 0.3, 4)
+    bad = RequestRecord(
+        request_id="r1",
+        category="c",
+        send_time_s=0.0,
+        first_token_time_s=None,
+        chunk_times_s=(),
+        chunk_token_counts=(),
+        end_time_s=0.1,
+        prompt_tokens=5,
+        output_tokens=0,
+        error="HTTP 503: engine stopped",
+    )
+    path = tmp_path / "trials.jsonl"
+    lines = []
+    for config, records in ((plan.configs(1, 0)[0], (good,)), (plan.configs(1, 1)[0], (good, bad))):
+        trial = TrialResult(config, records, ("usage",) * len(records), (), (), 1.0, "")
+        lines.append(json.dumps(trial.to_json()) + "\n")
+    path.write_text("".join(lines))
+    assert drop_failed_trials(path, load_trials(path)) == 1
+    assert path.read_text() == lines[0]
+    assert drop_failed_trials(path, load_trials(path)) == 0
