@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from spectool.engine.load import DTYPES, load_model, resolve_dtype
-from spectool.engine.model import Transformer
+from spectool.engine.model import Transformer, pack_rows
 from spectool.engine.sampling import (
     RowSampling,
     SamplingParams,
@@ -517,12 +517,7 @@ class Engine:
                 if drafter_slot != request.slot:
                     raise RuntimeError("target and drafter caches handed out different slots")
         prompts = [r.tokens for r in admitted]
-        width = max(len(p) for p in prompts)
-        tokens = torch.zeros(len(prompts), width, dtype=torch.long)
-        positions = torch.full((len(prompts), width), -1, dtype=torch.long)
-        for b, prompt in enumerate(prompts):
-            tokens[b, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
-            positions[b, : len(prompt)] = torch.arange(len(prompt))
+        tokens, positions = pack_rows(prompts, [0] * len(prompts))
         select = torch.tensor([[len(p) - 1] for p in prompts], dtype=torch.long)
         slots = torch.tensor([r.slot for r in admitted], dtype=torch.long)
         logits = self.target(
@@ -607,13 +602,10 @@ class Engine:
         counts.draft_ms = (time.perf_counter() - t_draft) * 1e3
 
         t_verify = time.perf_counter()
-        width = 1 + max(len(d) for d in drafts)
-        tokens = torch.zeros(len(batch), width, dtype=torch.long)
-        positions = torch.full((len(batch), width), -1, dtype=torch.long)
-        for b, (request, draft) in enumerate(zip(batch, drafts, strict=True)):
-            start = len(request.tokens) - 1
-            tokens[b, : 1 + len(draft)] = torch.tensor([request.tokens[-1], *draft])
-            positions[b, : 1 + len(draft)] = torch.arange(start, start + 1 + len(draft))
+        tokens, positions = pack_rows(
+            [[r.tokens[-1], *draft] for r, draft in zip(batch, drafts, strict=True)],
+            [len(r.tokens) - 1 for r in batch],
+        )
         slots = torch.tensor([r.slot for r in batch], dtype=torch.long)
         logits = self.target(
             tokens.to(self.device), positions.to(self.device), self._cache, slots.to(self.device)
@@ -628,7 +620,8 @@ class Engine:
         greedy = [b for b, row in enumerate(rows) if row.greedy]
         sampled = [b for b, row in enumerate(rows) if not row.greedy]
         if greedy:
-            argmax = argmax_tokens(logits[greedy], [rows[b] for b in greedy]).tolist()
+            greedy_logits = logits if not sampled else logits[greedy]  # no copy when all greedy
+            argmax = argmax_tokens(greedy_logits, [rows[b] for b in greedy]).tolist()
             for i, b in enumerate(greedy):
                 verdicts[b] = verify_greedy(drafts[b], argmax[i][: 1 + len(drafts[b])])
         if sampled:

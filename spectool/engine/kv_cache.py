@@ -10,12 +10,34 @@ again before any later query can see it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 
+@dataclass(frozen=True)
+class CachePlan:
+    """Where one forward writes and reads, shared by all layers (see :meth:`KVCache.plan`).
+
+    ``rows`` / ``cols`` [N]: slot and position of every written (non-padding) token, in
+    token-major order; ``keep`` [N]: their indices among the B*T tokens (None = all of them).
+    ``keys`` / ``values`` ``[n_layers, B, Hkv, length, D]``: views of the cache when the batch's
+    slots are consecutive and ascending (no copy), else None and each layer gathers its rows.
+    """
+
+    slots: Tensor
+    rows: Tensor
+    cols: Tensor
+    keep: Tensor | None
+    length: int
+    keys: Tensor | None
+    values: Tensor | None
+
+
 class KVCache:
-    """K and V buffers ``[n_layers, max_batch_size, n_kv_heads, max_seq_len, head_dim]``.
+    """K and V ``[n_layers, max_batch_size, n_kv_heads, max_seq_len, head_dim]`` (views of one
+    buffer ``kv`` with 2 * n_kv_heads head rows).
 
     ``lengths[slot]`` counts the valid tokens of a slot (positions ``0 .. length - 1``); it is
     bookkeeping kept on the host, moved by the caller with :meth:`set_length` after a forward and
@@ -32,9 +54,13 @@ class KVCache:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
     ) -> None:
-        shape = (n_layers, max_batch_size, n_kv_heads, max_seq_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        # One buffer, keys in the first n_kv_heads head rows and values in the rest, so that a
+        # layer stores a token's keys and values with one indexed write; k and v are views.
+        shape = (n_layers, max_batch_size, 2 * n_kv_heads, max_seq_len, head_dim)
+        self.kv = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = self.kv[:, :, :n_kv_heads]  # [n_layers, max_batch_size, Hkv, max_seq_len, D]
+        self.v = self.kv[:, :, n_kv_heads:]
+        self.n_kv_heads = n_kv_heads
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
         self.lengths: list[int] = [0] * max_batch_size
@@ -88,6 +114,48 @@ class KVCache:
 
     # -- data --------------------------------------------------------------------------------
 
+    def plan(
+        self,
+        slots: Tensor,  # [B] int64 cache rows
+        positions: Tensor,  # [B, T] int64, -1 = padding (not written)
+        length: int,  # keys each layer reads: positions 0 .. length - 1
+        has_padding: bool | None = None,  # whether positions holds a -1 (None: check)
+    ) -> CachePlan:
+        """Index tensors and cache views for one forward, computed once for every layer."""
+        bsz, seqlen = positions.shape
+        slot_list = slots.tolist()
+        first = slot_list[0] if slot_list else 0
+        consecutive = slot_list == list(range(first, first + bsz))
+        rows = slots if seqlen == 1 else slots[:, None].expand(bsz, seqlen).reshape(-1)  # [B*T]
+        cols = positions.reshape(-1)  # [B*T]
+        keep: Tensor | None = None
+        if has_padding is None:
+            has_padding = bool((cols < 0).any())
+        if has_padding:
+            keep = (cols >= 0).nonzero().squeeze(1)  # [N]
+            rows, cols = rows[keep], cols[keep]
+        keys = values = None
+        if consecutive:
+            keys = self.k[:, first : first + bsz, :, :length]
+            values = self.v[:, first : first + bsz, :, :length]
+        return CachePlan(
+            slots=slots, rows=rows, cols=cols, keep=keep, length=length, keys=keys, values=values
+        )
+
+    def write_tokens(self, layer: int, plan: CachePlan, kv: Tensor) -> None:
+        """Store each token's keys and values (``kv`` [B*T, 2 * Hkv, D], token-major, keys
+        first) at the slot and position ``plan`` gives it."""
+        if plan.keep is not None:
+            kv = kv[plan.keep]  # [N, 2 * Hkv, D]
+        self.kv[layer][plan.rows, :, plan.cols] = kv
+
+    def read_planned(self, layer: int, plan: CachePlan) -> tuple[Tensor, Tensor]:
+        """Keys and values ``[B, Hkv, length, D]`` of the plan's slots: views (no copy) when
+        the slots are consecutive, else a gathered copy."""
+        if plan.keys is not None and plan.values is not None:
+            return plan.keys[layer], plan.values[layer]
+        return self.read(layer, plan.slots, plan.length)
+
     def write(
         self,
         layer: int,
@@ -97,11 +165,9 @@ class KVCache:
         v: Tensor,  # [B, Hkv, T, D]
     ) -> None:
         """Store each row's new keys/values at its own positions in its own slot."""
-        valid = positions >= 0  # [B, T]
-        rows = slots[:, None].expand_as(positions)[valid]  # [N]
-        cols = positions[valid]  # [N]
-        self.k[layer, rows, :, cols] = k.transpose(1, 2)[valid]  # [N, Hkv, D]
-        self.v[layer, rows, :, cols] = v.transpose(1, 2)[valid]
+        kv = torch.cat([k, v], dim=1).transpose(1, 2)  # [B, T, 2 * Hkv, D]
+        plan = self.plan(slots, positions, length=0)
+        self.write_tokens(layer, plan, kv.reshape(-1, *kv.shape[2:]))
 
     def read(self, layer: int, slots: Tensor, length: int) -> tuple[Tensor, Tensor]:
         """Keys and values ``[B, Hkv, length, D]`` of the given slots, positions ``0 .. length-1``."""

@@ -2,7 +2,9 @@
 
 Reads ``model.safetensors`` or a sharded ``model.safetensors.index.json`` with ``safe_open`` and
 maps Hugging Face tensor names onto the engine's (gpt-fast style) names, fusing q/k/v into one
-projection. No pickle, no remote code: anything unexpected is a :class:`CheckpointError`.
+projection and gate/up into another, and storing projection matrices ``[in, out]`` (see
+:class:`~spectool.engine.model.Projection`). No pickle, no remote code: anything unexpected is a
+:class:`CheckpointError`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,15 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 # Tensors some exporters leave behind that carry nothing the model needs.
 IGNORED_SUFFIXES: tuple[str, ...] = ("rotary_emb.inv_freq",)
+
+# Engine weights stored [in, out] (see model.Projection): transposed from Hugging Face's [out, in].
+PROJECTION_WEIGHTS: tuple[str, ...] = (
+    "attention.wqkv.weight",
+    "attention.wo.weight",
+    "feed_forward.w13.weight",
+    "feed_forward.w2.weight",
+    "output.weight",
+)
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -109,7 +120,8 @@ def _read_tensors(files: dict[str, Path]) -> Iterator[tuple[str, Tensor]]:
 
 
 def hf_to_engine_names(args: ModelArgs) -> dict[str, str]:
-    """Engine parameter name for every Hugging Face tensor name (q/k/v map to one fused name)."""
+    """Engine parameter name for every Hugging Face tensor name (q/k/v map to one fused name,
+    gate/up to another)."""
     names = {
         "model.embed_tokens.weight": "tok_embeddings.weight",
         "model.norm.weight": "norm.weight",
@@ -129,14 +141,24 @@ def hf_to_engine_names(args: ModelArgs) -> dict[str, str]:
         if args.qk_norm:
             names[hf + "self_attn.q_norm.weight"] = ours + "attention.q_norm.weight"
             names[hf + "self_attn.k_norm.weight"] = ours + "attention.k_norm.weight"
-        for hf_proj, our_proj in (("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2")):
+        for hf_proj, our_proj in (("gate_proj", "w13"), ("up_proj", "w13"), ("down_proj", "w2")):
             for kind in ["weight", "bias"] if args.mlp_bias else ["weight"]:
                 names[f"{hf}mlp.{hf_proj}.{kind}"] = f"{ours}feed_forward.{our_proj}.{kind}"
     return names
 
 
+def _concat_rows(folder: Path, names: list[str], raw: dict[str, Tensor]) -> Tensor:
+    """Stack the output rows of projections that share an input (q/k/v, gate/up)."""
+    tensors = [raw[name] for name in names]
+    if len({t.shape[1:] for t in tensors}) > 1:
+        shapes = ", ".join(f"{n} {tuple(t.shape)}" for n, t in zip(names, tensors, strict=True))
+        raise CheckpointError(folder, f"projections of one input disagree in shape: {shapes}")
+    return torch.cat(tensors)
+
+
 def load_state_dict(folder: Path, args: ModelArgs) -> dict[str, Tensor]:
-    """Read every tensor the model needs, renamed to engine names, q/k/v fused (in file dtype)."""
+    """Read every tensor the model needs, renamed to engine names, q/k/v and gate/up fused,
+    projection weights transposed to ``[in, out]`` (in file dtype)."""
     mapping = hf_to_engine_names(args)
     files = _weight_files(folder)
     raw: dict[str, Tensor] = {}
@@ -160,15 +182,22 @@ def load_state_dict(folder: Path, args: ModelArgs) -> dict[str, Tensor]:
         raw[name] = tensor
     state: dict[str, Tensor] = {}
     for hf_name, ours in mapping.items():
-        if ".wqkv." in ours:
+        if ".wqkv." in ours or ".w13." in ours:
             continue
         state[ours] = raw[hf_name]
+        if ours.endswith(PROJECTION_WEIGHTS):
+            state[ours] = state[ours].t()
     for i in range(args.n_layers):
         prefix = f"model.layers.{i}.self_attn."
         for kind in ["weight", "bias"] if args.qkv_bias else ["weight"]:
-            state[f"layers.{i}.attention.wqkv.{kind}"] = torch.cat(
-                [raw[f"{prefix}{p}.{kind}"] for p in ("q_proj", "k_proj", "v_proj")]
-            )
+            names = [f"{prefix}{p}.{kind}" for p in ("q_proj", "k_proj", "v_proj")]
+            fused = _concat_rows(folder, names, raw)
+            state[f"layers.{i}.attention.wqkv.{kind}"] = fused.t() if kind == "weight" else fused
+        prefix = f"model.layers.{i}.mlp."
+        for kind in ["weight", "bias"] if args.mlp_bias else ["weight"]:
+            names = [f"{prefix}{p}.{kind}" for p in ("gate_proj", "up_proj")]
+            fused = _concat_rows(folder, names, raw)
+            state[f"layers.{i}.feed_forward.w13.{kind}"] = fused.t() if kind == "weight" else fused
     return state
 
 
@@ -199,11 +228,12 @@ def load_model(
                 f"tensor {name!r} has shape {tuple(tensor.shape)}, "
                 f"config.json implies {tuple(expected[name].shape)}",
             )
-    state = {name: t.to(device=device, dtype=dtype) for name, t in state.items()}
-    if args.tie_word_embeddings:
-        state["output.weight"] = state["tok_embeddings.weight"]
+    state = {name: t.to(device=device, dtype=dtype).contiguous() for name, t in state.items()}
+    if args.tie_word_embeddings:  # one matrix: the LM head's [dim, V], embeddings a view of it
+        state["output.weight"] = state["tok_embeddings.weight"].t().contiguous()
+        state["tok_embeddings.weight"] = state["output.weight"].t()
     model.load_state_dict(state, strict=True, assign=True)
     if args.tie_word_embeddings:
-        model.output.weight = model.tok_embeddings.weight
+        model.tie_embeddings()
     model.setup_rope(min(max_seq_len, args.max_position_embeddings))
     return model.eval()

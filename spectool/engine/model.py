@@ -9,7 +9,7 @@ requests of different lengths (continuous batching) and lets padding be marked w
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from spectool.engine.kv_cache import KVCache
+from spectool.engine.kv_cache import CachePlan, KVCache
 from spectool.errors import CheckpointError
 
 # model_type -> the one architecture name Hugging Face writes for it.
@@ -196,14 +196,20 @@ def rope_tables(args: ModelArgs, max_seq_len: int) -> tuple[Tensor, Tensor]:
     return emb.cos(), emb.sin()
 
 
-def _rotate_half(x: Tensor) -> Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
+def apply_rope(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
+    """Rotate ``x`` [N, heads, D] by ``cos`` / ``sin_signed`` [N, 1, D] (in x's dtype), in place.
 
-
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate ``x`` [B, H, T, D] by ``cos``/``sin`` [B, 1, T, D] (already in x's dtype)."""
-    return x * cos + _rotate_half(x) * sin
+    Hugging Face's ``x * cos + rotate_half(x) * sin`` with rotate-half's sign folded into the
+    table (``sin_signed`` = ``[-sin_1, sin_2]`` halves): ``x * cos + [x2, x1] * sin_signed``.
+    Written back into ``x`` (which may be a view into the q/k/v projection output) and
+    returned. Separate multiply and add, each rounded as in Hugging Face's version (not
+    ``addcmul``: a fused multiply-add rounds differently in vectorized and scalar loops, which
+    would make results depend on the batch shape).
+    """
+    n, heads, dim = x.shape
+    swapped = x.view(n, heads, 2, dim // 2).flip(2).view(n, heads, dim)  # [x2, x1], a copy
+    swapped.mul_(sin_signed)
+    return x.mul_(cos).add_(swapped)
 
 
 class RMSNorm(nn.Module):
@@ -215,26 +221,77 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
+        if x.dtype == torch.float32:
+            # [x, -x] has mean 0 and mean square mean(x^2), so its layer norm starts with
+            # x / sqrt(mean(x^2) + eps): one fused kernel where rms_norm runs about eight ops.
+            dim = x.shape[-1]
+            both = torch.cat([x, x.neg()], dim=-1)
+            return torch.layer_norm(both, (2 * dim,), None, None, self.eps)[..., :dim] * self.weight
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
 
 
+class Projection(nn.Module):
+    """``y = x @ weight + bias`` for ``x`` [N, in], with ``weight`` stored ``[in, out]``.
+
+    The transpose of ``nn.Linear``'s layout (the loader transposes Hugging Face's tensors): with
+    MKL on CPU, a product of a few rows against this layout takes about half the time of
+    ``F.linear`` against the ``[out, in]`` one, and decoding is mostly such products.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(in_features, out_features))
+        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+        self.has_bias = bias  # a plain attribute: cheaper to test than the parameter
+
+    def forward(self, x: Tensor) -> Tensor:  # [N, in] -> [N, out]
+        if self.has_bias:
+            return torch.addmm(self.bias, x, self.weight)
+        return torch.mm(x, self.weight)
+
+
 class FeedForward(nn.Module):
-    """SwiGLU: ``w2(silu(w1 x) * w3 x)`` (w1 = gate_proj, w3 = up_proj, w2 = down_proj)."""
+    """SwiGLU: ``w2(silu(gate x) * up x)``; gate_proj and up_proj are fused into ``w13`` (gate
+    rows first) at load time, so one matrix product computes both."""
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
-        self.w1 = nn.Linear(args.dim, args.intermediate_size, bias=args.mlp_bias)
-        self.w3 = nn.Linear(args.dim, args.intermediate_size, bias=args.mlp_bias)
-        self.w2 = nn.Linear(args.intermediate_size, args.dim, bias=args.mlp_bias)
+        self.hidden = args.intermediate_size
+        self.w13 = Projection(args.dim, 2 * args.intermediate_size, bias=args.mlp_bias)
+        self.w2 = Projection(args.intermediate_size, args.dim, bias=args.mlp_bias)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+    def forward(self, x: Tensor) -> Tensor:  # [N, dim]
+        gate_up = self.w13.forward(x)  # [N, 2 * hidden]
+        act = F.silu(gate_up[:, : self.hidden])
+        act.mul_(gate_up[:, self.hidden :])  # in place: act is a fresh tensor
+        return self.w2.forward(act)
+
+
+@dataclass(frozen=True)
+class _Step:
+    """What every layer of one forward shares, computed once in :meth:`Transformer.forward`.
+
+    Hidden states travel token-major and flat, ``[N, dim]`` with N = B * T, so that every
+    projection is one plain matrix product.
+    """
+
+    bsz: int
+    seqlen: int
+    cos: Tensor  # [N, 1, head_dim]
+    sin_signed: Tensor  # [N, 1, head_dim], rotate-half sign folded in
+    mask: Tensor | None  # [B, 1, groups * T, L] additive (0 / -inf); None = every key visible
+    cache: KVCache | None
+    plan: CachePlan | None
 
 
 class Attention(nn.Module):
-    """Grouped-query attention over the KV cache (or over the current tokens when no cache)."""
+    """Grouped-query attention over the KV cache (or over the current tokens when no cache).
+
+    GQA without copying keys and values: the ``groups`` query heads sharing a kv head are
+    stacked along the time axis, so one attention call per kv head covers all of them.
+    """
 
     def __init__(self, args: ModelArgs, layer_id: int) -> None:
         super().__init__()
@@ -242,46 +299,44 @@ class Attention(nn.Module):
         self.n_heads = args.n_heads
         self.n_kv_heads = args.n_kv_heads
         self.head_dim = args.head_dim
+        self.groups = args.n_heads // args.n_kv_heads
         q_size = args.n_heads * args.head_dim
         kv_size = args.n_kv_heads * args.head_dim
-        self.split_sizes = (q_size, kv_size, kv_size)
-        self.wqkv = nn.Linear(args.dim, q_size + 2 * kv_size, bias=args.qkv_bias)
-        self.wo = nn.Linear(q_size, args.dim, bias=args.o_bias)
+        self.wqkv = Projection(args.dim, q_size + 2 * kv_size, bias=args.qkv_bias)
+        self.wo = Projection(q_size, args.dim, bias=args.o_bias)
         self.q_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else None
         self.k_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else None
 
-    def forward(
-        self,
-        x: Tensor,  # [B, T, dim]
-        cos: Tensor,  # [B, 1, T, head_dim]
-        sin: Tensor,  # [B, 1, T, head_dim]
-        positions: Tensor,  # [B, T] int64, -1 = padding
-        mask: Tensor,  # [B, 1, T, L] bool, True = may attend
-        cache: KVCache | None,
-        slots: Tensor | None,  # [B] int64 cache rows
-        kv_len: int,  # L: keys read from the cache
-    ) -> Tensor:
-        bsz, seqlen, _ = x.shape
-        q, k, v = self.wqkv(x).split(self.split_sizes, dim=-1)
-        q = q.view(bsz, seqlen, self.n_heads, self.head_dim)  # [B, T, H, D]
-        k = k.view(bsz, seqlen, self.n_kv_heads, self.head_dim)  # [B, T, Hkv, D]
-        v = v.view(bsz, seqlen, self.n_kv_heads, self.head_dim)  # [B, T, Hkv, D]
+    def forward(self, x: Tensor, step: _Step) -> Tensor:  # x: [N, dim] -> [N, dim]
+        bsz, seqlen = step.bsz, step.seqlen
+        n = bsz * seqlen
+        heads, kv_heads, head_dim = self.n_heads, self.n_kv_heads, self.head_dim
+        # Heads of q, k and v side by side: [N, H + 2 Hkv, D].
+        qkv = self.wqkv.forward(x).view(n, heads + 2 * kv_heads, head_dim)
         if self.q_norm is not None and self.k_norm is not None:
-            q = self.q_norm(q)
-            k = self.k_norm(k)
-        q = apply_rope(q.transpose(1, 2), cos, sin)  # [B, H, T, D]
-        k = apply_rope(k.transpose(1, 2), cos, sin)  # [B, Hkv, T, D]
-        v = v.transpose(1, 2)  # [B, Hkv, T, D]
-        if cache is not None and slots is not None:
-            cache.write(self.layer_id, slots, positions, k, v)
-            k, v = cache.read(self.layer_id, slots, kv_len)  # [B, Hkv, L, D]
-        groups = self.n_heads // self.n_kv_heads
-        if groups > 1:
-            k = k.repeat_interleave(groups, dim=1)  # [B, H, L, D]
-            v = v.repeat_interleave(groups, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, H, T, D]
-        y = y.transpose(1, 2).reshape(bsz, seqlen, self.n_heads * self.head_dim)
-        return self.wo(y)
+            q = apply_rope(self.q_norm.forward(qkv[:, :heads]), step.cos, step.sin_signed)
+            k = apply_rope(self.k_norm.forward(qkv[:, heads:-kv_heads]), step.cos, step.sin_signed)
+            kv = torch.cat([k, qkv[:, heads + kv_heads :]], dim=1)  # [N, 2 Hkv, D]
+        else:  # queries and keys rotated together, in place: k and v stay side by side
+            apply_rope(qkv[:, : heads + kv_heads], step.cos, step.sin_signed)
+            q, kv = qkv[:, :heads], qkv[:, heads:]  # [N, H, D], [N, 2 Hkv, D]
+        if step.cache is not None and step.plan is not None:
+            step.cache.write_tokens(self.layer_id, step.plan, kv)
+            keys, values = step.cache.read_planned(self.layer_id, step.plan)  # [B, Hkv, L, D]
+        else:  # [B, Hkv, T, D]
+            keys = kv[:, :kv_heads].view(bsz, seqlen, kv_heads, head_dim).transpose(1, 2)
+            values = kv[:, kv_heads:].view(bsz, seqlen, kv_heads, head_dim).transpose(1, 2)
+        groups = self.groups
+        # [B, T, Hkv, G, D] -> [B, Hkv, G * T, D]: query head h = j * G + g reads kv head j.
+        if seqlen == 1:
+            q = q.view(bsz, kv_heads, groups, head_dim)
+        else:
+            q = q.reshape(bsz, seqlen, kv_heads, groups, head_dim).permute(0, 2, 3, 1, 4)
+            q = q.reshape(bsz, kv_heads, groups * seqlen, head_dim)
+        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=step.mask)
+        if seqlen > 1:  # back to token-major
+            y = y.view(bsz, kv_heads, groups, seqlen, head_dim).permute(0, 3, 1, 2, 4)
+        return self.wo.forward(y.reshape(n, heads * head_dim))
 
 
 class TransformerBlock(nn.Module):
@@ -294,21 +349,27 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
         self.feed_forward = FeedForward(args)
 
-    def forward(
-        self,
-        x: Tensor,  # [B, T, dim]
-        cos: Tensor,
-        sin: Tensor,
-        positions: Tensor,
-        mask: Tensor,
-        cache: KVCache | None,
-        slots: Tensor | None,
-        kv_len: int,
-    ) -> Tensor:
-        h = x + self.attention(
-            self.attention_norm(x), cos, sin, positions, mask, cache, slots, kv_len
-        )
-        return h + self.feed_forward(self.ffn_norm(h))
+    def forward(self, x: Tensor, step: _Step) -> Tensor:  # x: [N, dim]
+        # Submodules' forward() is called directly: no hooks are used, and skipping
+        # nn.Module.__call__ saves measurable time per token on CPU.
+        h = x + self.attention.forward(self.attention_norm.forward(x), step)
+        return h + self.feed_forward.forward(self.ffn_norm.forward(h))
+
+
+def pack_rows(rows: Sequence[Sequence[int]], starts: Sequence[int]) -> tuple[Tensor, Tensor]:
+    """Ragged token rows -> padded ``tokens`` and ``positions`` ``[B, T]`` (int64, on the CPU).
+
+    Row ``b`` holds ``rows[b]`` at positions ``starts[b], starts[b] + 1, ...``; padding is token
+    0 at position -1. Built as Python lists and converted once: per-row tensor writes cost more
+    than the forward itself for small models.
+    """
+    width = max(len(row) for row in rows)
+    tokens = [[*row, *([0] * (width - len(row)))] for row in rows]
+    positions = [
+        [*range(start, start + len(row)), *([-1] * (width - len(row)))]
+        for row, start in zip(rows, starts, strict=True)
+    ]
+    return torch.tensor(tokens, dtype=torch.long), torch.tensor(positions, dtype=torch.long)
 
 
 class Transformer(nn.Module):
@@ -324,21 +385,28 @@ class Transformer(nn.Module):
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleList(TransformerBlock(args, i) for i in range(args.n_layers))
         self.norm = RMSNorm(args.dim, args.norm_eps)
-        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.output = Projection(args.dim, args.vocab_size, bias=False)  # weight [dim, V]
         if args.tie_word_embeddings:
-            self.output.weight = self.tok_embeddings.weight
+            self.tie_embeddings()
         self.max_seq_len = 0
-        self.rope_cos: Tensor | None
-        self.rope_sin: Tensor | None
-        self.register_buffer("rope_cos", None, persistent=False)  # [max_seq_len, head_dim]
-        self.register_buffer("rope_sin", None, persistent=False)
+        # [max_seq_len, 2, head_dim]: cos, and sin with rotate-half's sign ([-sin_1, sin_2])
+        self.rope_cos_sin: Tensor | None
+        self.register_buffer("rope_cos_sin", None, persistent=False)
+
+    def tie_embeddings(self) -> None:
+        """Make the embedding table a view of the LM head (``[V, dim]`` = ``[dim, V]``
+        transposed): one copy of the matrix, stored the way the LM head reads it fastest.
+        (``Module.to()`` would untie them; :func:`~spectool.engine.load.load_model` ties after
+        moving.)"""
+        self.tok_embeddings.weight = nn.Parameter(self.output.weight.t())
 
     def setup_rope(self, max_seq_len: int) -> None:
         """Precompute rotary tables for positions ``0 .. max_seq_len - 1`` on the weights' device."""
         cos, sin = rope_tables(self.args, max_seq_len)
         device = self.tok_embeddings.weight.device
-        self.rope_cos = cos.to(device)
-        self.rope_sin = sin.to(device)
+        half = sin.shape[-1] // 2
+        sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
+        self.rope_cos_sin = torch.stack([cos, sin_signed], dim=1).to(device)
         self.max_seq_len = max_seq_len
 
     def new_cache(self, max_batch_size: int, max_seq_len: int) -> KVCache:
@@ -360,39 +428,66 @@ class Transformer(nn.Module):
         positions: Tensor,  # [B, T] int64; -1 marks padding (not written, output is junk)
         cache: KVCache | None = None,
         slots: Tensor | None = None,  # [B] int64: the cache row of each batch row
-        select: Tensor | None = None,  # [B, N] int64: only these time steps reach the LM head
+        select: Tensor | None = None,  # [B, S] int64: only these time steps reach the LM head
     ) -> Tensor:
-        """Logits ``[B, T, V]`` (or ``[B, N, V]`` with ``select``).
+        """Logits ``[B, T, V]`` (or ``[B, S, V]`` with ``select``).
 
         With a cache, each row's keys/values are written at its positions, then every query
         attends to cache entries ``0 .. its own position`` of its slot: what a row may see is set
         by positions alone, so entries past a slot's length (rolled-back drafts) are never read
         before being overwritten. Without a cache, tokens attend to earlier tokens of the call.
         """
-        if self.rope_cos is None or self.rope_sin is None:
+        if self.rope_cos_sin is None:
             raise RuntimeError("call setup_rope() before forward()")
         if (cache is None) != (slots is None):
             raise ValueError("pass both cache and slots, or neither")
-        max_pos = int(positions.max())
+        bsz, seqlen = positions.shape
+        host_positions = positions.tolist()  # the host needs these facts anyway: one small copy
+        max_pos = max(max(row) for row in host_positions)
+        min_pos = min(min(row) for row in host_positions)
         if max_pos >= self.max_seq_len:
             raise ValueError(f"position {max_pos} beyond max_seq_len {self.max_seq_len}")
-        x = self.tok_embeddings(tokens)  # [B, T, dim]
-        safe_pos = positions.clamp(min=0)
-        cos = self.rope_cos[safe_pos].to(x.dtype).unsqueeze(1)  # [B, 1, T, D]
-        sin = self.rope_sin[safe_pos].to(x.dtype).unsqueeze(1)
-        if cache is not None:
-            kv_len = max_pos + 1
-            key_pos = torch.arange(kv_len, device=tokens.device)[None, :]  # [1, L]
-            visible = key_pos[:, None, :] <= positions[:, :, None]  # [B, T, L]
-        else:
-            kv_len = tokens.shape[1]
-            key_ok = (positions >= 0)[:, None, :]  # [B, 1, T]
-            visible = (positions[:, None, :] <= positions[:, :, None]) & key_ok  # [B, T, T]
-        # Padding queries see everything: their output is junk, but never NaN.
-        visible = visible | (positions < 0)[:, :, None]
-        mask = visible[:, None]  # [B, 1, T, L]
+        weight = self.tok_embeddings.weight
+        x = weight.index_select(0, tokens.reshape(-1))  # [N, dim], N = B * T, token-major
+        flat_pos = positions.reshape(-1)
+        rope = self.rope_cos_sin[flat_pos.clamp(min=0) if min_pos < 0 else flat_pos]  # [N, 2, D]
+        if rope.dtype != x.dtype:
+            rope = rope.to(x.dtype)
+        kv_len = max_pos + 1 if cache is not None else seqlen
+        mask: Tensor | None = None
+        # One query per row, all at the same position (plain decoding): every key is visible.
+        if seqlen > 1 or (cache is not None and min_pos != max_pos):
+            if cache is not None:
+                key_pos = torch.arange(kv_len, device=tokens.device)[None, :]  # [1, L]
+                visible = key_pos[:, None, :] <= positions[:, :, None]  # [B, T, L]
+            else:
+                key_ok = (positions >= 0)[:, None, :]  # [B, 1, T]
+                visible = (positions[:, None, :] <= positions[:, :, None]) & key_ok  # [B, T, T]
+            # Padding queries see everything: their output is junk, but never NaN.
+            visible = visible | (positions < 0)[:, :, None]
+            groups = self.args.n_heads // self.args.n_kv_heads
+            additive = torch.zeros(bsz, 1, seqlen, kv_len, dtype=x.dtype, device=weight.device)
+            additive.masked_fill_(~visible[:, None], float("-inf"))  # [B, 1, T, L]
+            # Query rows are stacked group-major ([G, T]) by the attention: repeat per group.
+            mask = additive[:, :, None].expand(bsz, 1, groups, seqlen, kv_len)
+            mask = mask.reshape(bsz, 1, groups * seqlen, kv_len)
+        plan = None
+        if cache is not None and slots is not None:
+            plan = cache.plan(slots, positions, kv_len, has_padding=min_pos < 0)
+        step = _Step(
+            bsz=bsz,
+            seqlen=seqlen,
+            cos=rope[:, 0:1],
+            sin_signed=rope[:, 1:2],
+            mask=mask,
+            cache=cache,
+            plan=plan,
+        )
         for layer in self.layers:
-            x = layer(x, cos, sin, positions, mask, cache, slots, kv_len)
+            x = layer.forward(x, step)
+        x = x.view(bsz, seqlen, -1)  # [B, T, dim]
         if select is not None:
-            x = torch.gather(x, 1, select[:, :, None].expand(-1, -1, x.shape[-1]))  # [B, N, dim]
-        return self.output(self.norm(x))  # [B, T or N, V]
+            x = torch.gather(x, 1, select[:, :, None].expand(-1, -1, x.shape[-1]))  # [B, S, dim]
+        steps = x.shape[1]
+        logits = self.output.forward(self.norm.forward(x).view(bsz * steps, -1))
+        return logits.view(bsz, steps, -1)  # [B, T or S, V]

@@ -10,7 +10,7 @@ one-hot of the arg-max, which is how greedy rows are verified without random dra
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -76,7 +76,9 @@ class RowSampling:
 
     def shifted(self, steps: int) -> RowSampling:
         """The same row ``steps`` outputs later (for chain drafting)."""
-        return replace(self, suppress_before=self.suppress_before - steps)
+        return RowSampling(
+            self.params, self.generator, self.suppress_ids, self.suppress_before - steps
+        )
 
 
 def _suppress_mask(

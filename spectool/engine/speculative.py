@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from spectool.engine.kv_cache import KVCache
-from spectool.engine.model import Transformer
+from spectool.engine.model import Transformer, pack_rows
 from spectool.engine.sampling import RowSampling, argmax_tokens, process_logits, sample
 
 
@@ -160,20 +160,18 @@ class DraftModelProposer:
         self, slots: Sequence[int], contexts: Sequence[Sequence[int]], starts: Sequence[int]
     ) -> Tensor:
         """Feed ``context[start:]`` of each row; logits ``[B, 1, Vd]`` at each row's last token."""
-        tails = [list(ctx[start:]) for ctx, start in zip(contexts, starts, strict=True)]
-        width = max(len(t) for t in tails)
-        tokens = torch.zeros(len(tails), width, dtype=torch.long)
-        positions = torch.full((len(tails), width), -1, dtype=torch.long)
-        for b, (tail, start) in enumerate(zip(tails, starts, strict=True)):
-            tokens[b, : len(tail)] = torch.tensor(tail, dtype=torch.long)
-            positions[b, : len(tail)] = torch.arange(start, start + len(tail))
-        select = torch.tensor([[len(t) - 1] for t in tails], dtype=torch.long)
+        tails = [ctx[start:] for ctx, start in zip(contexts, starts, strict=True)]
+        tokens, positions = pack_rows(tails, starts)
+        select = None  # one token per row (the usual case): its logits are all there are
+        if any(len(t) != 1 for t in tails):
+            select = torch.tensor([[len(t) - 1] for t in tails], dtype=torch.long)
+            select = select.to(self._device)
         return self.model(
             tokens.to(self._device),
             positions.to(self._device),
             self.cache,
             torch.tensor(list(slots), dtype=torch.long, device=self._device),
-            select.to(self._device),
+            select,
         )
 
     def propose(
@@ -200,23 +198,27 @@ class DraftModelProposer:
             )
         )
         active = list(range(bsz))
+        active_slots: Tensor | None = None  # rebuilt only when rows drop out
+        # Suppression windows move with the step; rows without one need no shifted copy.
+        shifting = any(r.suppress_ids and r.suppress_before > 0 for r in rows)
         for step in range(kmax):
             if step == 0:
                 starts = [self.cache.lengths[slots[b]] for b in active]
                 logits = self._forward_tails(slots, contexts, starts)
             else:
+                if active_slots is None:
+                    active_slots = torch.tensor(
+                        [slots[b] for b in active], dtype=torch.long, device=self._device
+                    )
                 tokens = torch.tensor([[drafts[b][-1]] for b in active], dtype=torch.long)
                 positions = torch.tensor(
                     [[len(contexts[b]) + step - 1] for b in active], dtype=torch.long
                 )
                 logits = self.model(
-                    tokens.to(self._device),
-                    positions.to(self._device),
-                    self.cache,
-                    torch.tensor([slots[b] for b in active], dtype=torch.long, device=self._device),
+                    tokens.to(self._device), positions.to(self._device), self.cache, active_slots
                 )
             logits = self._to_target_vocab(logits[:, -1:])  # [b, 1, V]
-            step_rows = [rows[b].shifted(step) for b in active]
+            step_rows = [rows[b].shifted(step) if shifting else rows[b] for b in active]
             if all_greedy:
                 picks = argmax_tokens(logits, step_rows)[:, 0].tolist()
             else:
@@ -229,7 +231,9 @@ class DraftModelProposer:
                     )
             for b, token in zip(active, picks, strict=True):
                 drafts[b].append(int(token))
-            active = [b for b in active if num_drafts[b] > step + 1]
+            still = [b for b in active if num_drafts[b] > step + 1]
+            if len(still) != len(active):
+                active, active_slots = still, None
             if not active:
                 break
         for b in range(bsz):

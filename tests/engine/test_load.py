@@ -71,6 +71,18 @@ def test_shape_mismatch(tmp_path: Path, target_dir: Path) -> None:
         load_model(folder)
 
 
+def test_fused_projections_must_agree_in_shape(tmp_path: Path, target_dir: Path) -> None:
+    """q/k/v (and gate/up) are stacked into one matrix at load time: a k_proj reading another
+    width is refused naming the tensors, before torch.cat could fail or mis-stack them."""
+    folder = _copy(target_dir, tmp_path / "f")
+    tensors = load_file(folder / "model.safetensors")
+    name = "model.layers.0.self_attn.k_proj.weight"
+    tensors[name] = tensors[name][:, :-1].contiguous()
+    save_file(tensors, folder / "model.safetensors")
+    with pytest.raises(CheckpointError, match=r"disagree in shape.*layers\.0\.self_attn\.k_proj"):
+        load_model(folder)
+
+
 def test_unknown_architecture(tmp_path: Path, target_dir: Path) -> None:
     folder = _copy(target_dir, tmp_path / "a")
     config = json.loads((folder / "config.json").read_text())

@@ -9,7 +9,7 @@ import pytest
 import torch  # noqa: TID253 (engine tests use torch throughout)
 
 from spectool.engine.load import load_model
-from spectool.engine.model import ModelArgs
+from spectool.engine.model import ModelArgs, pack_rows
 from spectool.errors import CheckpointError
 
 from .helpers import write_checkpoint
@@ -87,6 +87,27 @@ def test_logits_match_transformers(tmp_path: Path, case: str) -> None:
             for b, (start, end) in enumerate(chunks):
                 diff = (logits[b, : end - start] - refs[b][start:end]).abs().max()
                 assert diff < TOL, (phase, b, float(diff))
+
+
+def test_one_row_one_token_decode_matches_transformers(target_dir: Path) -> None:
+    """Plain decoding (one row, one token a step) skips the attention mask: same logits."""
+    hf = _hf_model(target_dir, "llama")
+    ours = load_model(target_dir, max_seq_len=32)
+    ids = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(2))
+    slot = torch.tensor([0])
+    with torch.no_grad():
+        ref = hf(ids).logits[0]  # [12, V]
+        cache = ours.new_cache(max_batch_size=1, max_seq_len=32)
+        got = [ours(ids[:, :4], torch.arange(4)[None], cache, slot)[0]]
+        for t in range(4, 12):
+            got.append(ours(ids[:, t : t + 1], torch.tensor([[t]]), cache, slot)[0])
+    assert (torch.cat(got) - ref).abs().max() < TOL
+
+
+def test_pack_rows_pads_at_position_minus_one() -> None:
+    tokens, positions = pack_rows([[5, 6, 7], [9]], [10, 3])
+    assert tokens.tolist() == [[5, 6, 7], [9, 0, 0]]
+    assert positions.tolist() == [[10, 11, 12], [3, -1, -1]]
 
 
 def test_select_returns_only_requested_steps(target_dir: Path) -> None:
