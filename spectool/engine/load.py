@@ -9,7 +9,6 @@ projection and gate/up into another, and storing projection matrices ``[in, out]
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
-from spectool.constants import MAX_JSON_BYTES
+from spectool.ckpt.jsonfile import read_json_object
 from spectool.engine.model import ModelArgs, Transformer
 from spectool.errors import CheckpointError
 
@@ -46,19 +45,7 @@ DTYPES: dict[str, torch.dtype] = {
 
 def read_json(path: Path) -> dict[str, Any]:
     """Parse a JSON object from a checkpoint folder, size-capped; errors name the file."""
-    try:
-        size = path.stat().st_size
-    except OSError as e:
-        raise CheckpointError(path, f"cannot read: {e.strerror or e}") from e
-    if size > MAX_JSON_BYTES:
-        raise CheckpointError(path, f"{size} bytes is larger than the {MAX_JSON_BYTES} allowed")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(path, f"not valid JSON: {e}") from e
-    if not isinstance(data, dict):
-        raise CheckpointError(path, "expected a JSON object")
-    return data
+    return read_json_object(path)
 
 
 def read_model_args(folder: Path) -> ModelArgs:

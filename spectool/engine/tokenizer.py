@@ -19,24 +19,15 @@ import jinja2.ext
 import jinja2.sandbox
 from tokenizers import Tokenizer as HFTokenizer
 
-from spectool.constants import MAX_JSON_BYTES, MAX_TOKENIZER_BYTES
+from spectool.ckpt.jsonfile import read_json_object
+from spectool.constants import MAX_TOKENIZER_BYTES
 from spectool.errors import BadInputError, CheckpointError
 
 Message = Mapping[str, Any]
 
 
 def _read_optional_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    if path.stat().st_size > MAX_JSON_BYTES:
-        raise CheckpointError(path, f"larger than the {MAX_JSON_BYTES} bytes allowed")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(path, f"not valid JSON: {e}") from e
-    if not isinstance(data, dict):
-        raise CheckpointError(path, "expected a JSON object")
-    return data
+    return read_json_object(path) if path.is_file() else {}
 
 
 def _token_text(value: Any) -> str | None:

@@ -104,7 +104,7 @@ def test_bad_files(tmp_path: Path, target_dir: Path) -> None:
     with pytest.raises(CheckpointError, match="has neither"):
         load_model(folder)
     (folder / "config.json").write_text("{not json")
-    with pytest.raises(CheckpointError, match="not valid JSON"):
+    with pytest.raises(CheckpointError, match="malformed JSON"):
         load_model(folder)
 
 
