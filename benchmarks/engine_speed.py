@@ -25,7 +25,7 @@ than free cores, OpenMP's waiting dominates both sides.
 
     python benchmarks/engine_speed.py [--target DIR] [--drafter DIR] [--k 4] [--max-tokens 128]
         [--prompts 4] [--repeats 5] [--threads 1] [--clock wall|cpu] [--sweep-ks 1-6]
-        [--batches 1,2,4,8,16,32] [--sweep-repeats 3] [--no-sweep]
+        [--batches 1,2,4,8,16,32] [--sweep-repeats 3] [--no-sweep | --sweep-only]
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ BASELINE_TARGET = 1.5  # engine baseline / transformers generate()
 SPECULATIVE_TARGET = 2.0  # engine speculative / transformers assisted generation
 # Source text for prompts: the demo pair was trained on Python's standard library.
 PROMPT_SOURCES: tuple[str, ...] = ("textwrap.py", "argparse.py", "json/decoder.py")
+PROMPT_WINDOWS = 64  # windows the source text is cut into (more if more prompts are asked)
 
 Runner = Callable[[], list[list[int]]]
 
@@ -74,18 +75,24 @@ def default_model(name: str) -> Path | None:
 
 
 def make_prompts(tokenizer: Any, count: int, length: int, vocab_size: int) -> list[list[int]]:
-    """``count`` different prompts of ``length`` tokens: windows of standard-library source."""
+    """``count`` different prompts of ``length`` tokens: windows of standard-library source.
+
+    The text is cut into ``max(count, PROMPT_WINDOWS)`` evenly spaced windows, each starting
+    half a stride in (the text opens with licence comments, on which a small model's greedy
+    output is one repeated line, every draft accepted), taken in a fixed shuffled order: the
+    first prompts are the same whatever ``count`` is, and spread over the whole text.
+    """
+    import random
+
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     text = "\n".join((stdlib / name).read_text(encoding="utf-8") for name in PROMPT_SOURCES)
     ids = [t for t in tokenizer.encode(text, add_special_tokens=False) if 0 <= t < vocab_size]
-    # Evenly spaced windows, the first half a stride in (the text opens with licence comments,
-    # on which a small model's greedy output is one repeated line, all drafts accepted).
-    stride = max(1, (len(ids) - length) // max(count, 1))
-    prompts = [ids[i * stride + stride // 2 :][:length] for i in range(count)]
+    windows = max(count, PROMPT_WINDOWS)
+    stride = max(1, (len(ids) - length) // windows)
+    order = random.Random(0).sample(range(windows), windows)
+    prompts = [ids[i * stride + stride // 2 :][:length] for i in order[:count]]
     if any(len(p) < length for p in prompts) or len(set(ids)) < 16:
-        # A tokenizer that knows little of Python source (test models): fall back to seeded ids.
-        import random
-
+        # A tokenizer that knows little of Python source (test models): seeded random ids.
         rng = random.Random(0)
         prompts = [[rng.randrange(2, vocab_size) for _ in range(length)] for _ in range(count)]
     return prompts
@@ -356,6 +363,7 @@ def main() -> int:
     parser.add_argument("--batches", type=parse_int_list, default=parse_int_list("1,2,4,8,16,32"))
     parser.add_argument("--sweep-repeats", type=int, default=3)
     parser.add_argument("--no-sweep", action="store_true", help="targets 1 and 2 only")
+    parser.add_argument("--sweep-only", action="store_true", help="target 3 only")
     parser.add_argument(
         "--clock",
         choices=("wall", "cpu"),
@@ -375,7 +383,7 @@ def main() -> int:
     print(
         f"target {target}\ndrafter {drafter}\ntorch {torch.__version__}, {args.threads} thread(s)"
     )
-    base_ok, spec_ok = head_to_head(args, target, drafter)
+    base_ok, spec_ok = (True, True) if args.sweep_only else head_to_head(args, target, drafter)
     sweep_ok = True if args.no_sweep else sweep(args, target, drafter)
     ok = base_ok and spec_ok and sweep_ok
     print("PASS" if ok else "MISS")
