@@ -25,8 +25,11 @@ Usage::
 
     python scripts/train_demo.py                 # full run, writes spectool/assets/models/
     python scripts/train_demo.py --quick         # smoke run of a few seconds, writes out/demo-quick/
+    python scripts/train_demo.py --eval-only     # re-measure the shipped folders, rewrite the card
 
-Uses ``--threads`` CPU threads (default 2) for torch and for the tokenizer trainer.
+Uses ``--threads`` CPU threads (default 2) for torch and for the tokenizer trainer. Training
+checkpoints every 50 steps under ``out/train_demo_state/``: re-running the same command after the
+process was killed resumes where it stopped (bit-identically with the same thread count).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from spectool.io import atomic_write_text  # noqa: E402
 
 DEFAULT_OUT_DIR = REPO_ROOT / "spectool" / "assets" / "models"
 QUICK_OUT_DIR = REPO_ROOT / "out" / "demo-quick"
+DEFAULT_STATE_DIR = REPO_ROOT / "out" / "train_demo_state"  # resumable checkpoints (git-ignored)
 TARGET_DIRNAME = "demo-target"
 DRAFTER_DIRNAME = "demo-drafter"
 HELDOUT_SAMPLE_NAME = "heldout_sample.txt"
@@ -86,7 +90,7 @@ class ModelShape:
 
 
 TARGET_SHAPE = ModelShape(
-    num_layers=14, hidden_size=192, intermediate_size=512, num_heads=3, num_kv_heads=1
+    num_layers=12, hidden_size=256, intermediate_size=704, num_heads=4, num_kv_heads=2
 )
 DRAFTER_SHAPE = ModelShape(
     num_layers=1, hidden_size=128, intermediate_size=512, num_heads=2, num_kv_heads=1
@@ -103,9 +107,9 @@ class RunConfig:
     seq_len: int = 256  # tokens per training window
     max_position_embeddings: int = 1024
     batch_size: int = 16  # windows per step
-    target_steps: int = 500
+    target_steps: int = 600
     target_lr: float = 2e-3
-    drafter_steps: int = 250
+    drafter_steps: int = 300
     drafter_lr: float = 3e-3
     warmup_steps: int = 30
     min_lr_ratio: float = 0.1  # cosine decay floor, as a fraction of the peak
@@ -119,9 +123,11 @@ class RunConfig:
     decode_prompt_len: int = 32
     decode_steps: int = 64
     decode_rounds: int = 5
+    decode_threads: tuple[int, ...] = (1, 2)  # torch threads for the decode-cost measurement
     max_train_files: int = 0  # 0 = all; --quick uses a few
     max_heldout_files: int = 0
     log_every: int = 20
+    checkpoint_every: int = 50  # steps between resumable checkpoints
     precision: str = "bf16"  # training matmuls: bf16 autocast (fp32 master weights) or fp32
     quick: bool = False
 
@@ -143,6 +149,7 @@ QUICK_OVERRIDES = {
     "max_train_files": 24,
     "max_heldout_files": 2,
     "log_every": 1,
+    "checkpoint_every": 2,
     "quick": True,
 }
 
@@ -309,17 +316,111 @@ def make_optimizer(model, lr: float, run: RunConfig):  # -> torch.optim.AdamW
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8)
 
 
-def train_target(model, stream, run: RunConfig) -> list[float]:
-    """Next-token cross-entropy training; returns the loss of every step (nats/token)."""
+@dataclass(frozen=True)
+class Resume:
+    """Checkpoints one training phase so that a killed run resumes where it stopped.
+
+    Saves model, optimizer and data-generator state, the per-step log, the elapsed training
+    time and the thread count of each stretch of steps every ``every`` steps; resuming with the
+    same thread count is bit-identical to an uninterrupted run, with another one it differs by
+    float rounding only. ``key`` names everything else the phase depends on: a checkpoint with
+    another key is ignored.
+    """
+
+    path: Path
+    key: str
+    every: int
+
+    threads: int
+
+    def load(self, model, opt, gen) -> tuple[int, list, float, list[dict[str, int]]]:
+        """(first step to run, log so far, elapsed seconds so far, thread count per stretch of
+        steps); restores the states."""
+        import torch
+
+        fresh = (0, [], 0.0, [{"from_step": 0, "threads": self.threads}])
+        if not self.path.is_file():
+            return fresh
+        state = torch.load(self.path, weights_only=True)
+        if state["key"] != self.key:
+            return fresh
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optim"])
+        gen.set_state(state["gen"])
+        segments = state["segments"]
+        if segments[-1]["threads"] != self.threads:
+            segments.append({"from_step": state["step"], "threads": self.threads})
+        print(f"resuming {self.path.name} at step {state['step']}", flush=True)
+        return state["step"], state["log"], state["elapsed_s"], segments
+
+    def save(
+        self,
+        step: int,
+        model,
+        opt,
+        gen,
+        log: list,
+        elapsed_s: float,
+        segments: list[dict[str, int]],
+    ) -> None:
+        """Write the checkpoint through a temporary file and a rename."""
+        import torch
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        state = {
+            "key": self.key,
+            "step": step,
+            "model": model.state_dict(),
+            "optim": opt.state_dict(),
+            "gen": gen.get_state(),
+            "log": log,
+            "elapsed_s": elapsed_s,
+            "segments": segments,
+        }
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, self.path)
+
+
+def make_resume(state_dir: Path, phase: str, run: RunConfig, stream) -> Resume:
+    """A :class:`Resume` whose file name and key cover the run config, shapes and versions."""
+    import hashlib
+
+    import torch
+
+    key = json.dumps(
+        {
+            "phase": phase,
+            "run": {k: v for k, v in asdict(run).items() if k not in ("log_every", "threads")},
+            "target_shape": asdict(TARGET_SHAPE),
+            "drafter_shape": asdict(DRAFTER_SHAPE),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "train_tokens": stream.numel(),
+        },
+        sort_keys=True,
+    )
+    digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:12]
+    return Resume(
+        path=state_dir / f"{phase}-{digest}.pt",
+        key=key,
+        every=run.checkpoint_every,
+        threads=run.threads,
+    )
+
+
+def train_target(model, stream, run: RunConfig, resume: Resume) -> tuple[list[float], float, list]:
+    """Next-token cross-entropy training; returns (the loss of every step in nats/token,
+    training seconds summed over resumed runs, thread count per stretch of steps)."""
     import torch
     import torch.nn.functional as F
 
     gen = torch.Generator().manual_seed(run.seed + 1)
     opt = make_optimizer(model, run.target_lr, run)
+    first_step, losses, elapsed_before_s, segments = resume.load(model, opt, gen)
     model.train()
-    losses: list[float] = []
     t0 = time.perf_counter()
-    for step in range(run.target_steps):
+    for step in range(first_step, run.target_steps):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, run.target_steps, run.target_lr, run)
         batch = sample_windows(stream, run.batch_size, run.seq_len, gen)  # (b, t + 1)
@@ -331,30 +432,35 @@ def train_target(model, stream, run: RunConfig) -> list[float]:
         torch.nn.utils.clip_grad_norm_(model.parameters(), run.grad_clip)
         opt.step()
         losses.append(loss.item())
+        elapsed_s = elapsed_before_s + time.perf_counter() - t0
+        if (step + 1) % resume.every == 0 or step + 1 == run.target_steps:
+            resume.save(step + 1, model, opt, gen, losses, elapsed_s, segments)
         if (step + 1) % run.log_every == 0 or step + 1 == run.target_steps:
-            elapsed_s = time.perf_counter() - t0
             print(
                 f"target  step {step + 1:4d}/{run.target_steps} loss {loss.item():.4f} "
                 f"lr {opt.param_groups[0]['lr']:.2e} {elapsed_s:7.1f}s",
                 flush=True,
             )
     model.eval()
-    return losses
+    return losses, elapsed_before_s + time.perf_counter() - t0, segments
 
 
-def distill_drafter(drafter, target, stream, run: RunConfig) -> list[dict[str, float]]:
-    """KL(target || drafter) at temperature 1 plus a little CE; returns per-step losses."""
+def distill_drafter(
+    drafter, target, stream, run: RunConfig, resume: Resume
+) -> tuple[list[dict[str, float]], float, list]:
+    """KL(target || drafter) at temperature 1 plus a little CE; returns (per-step losses,
+    training seconds summed over resumed runs, thread count per stretch of steps)."""
     import torch
     import torch.nn.functional as F
 
     gen = torch.Generator().manual_seed(run.seed + 2)
     opt = make_optimizer(drafter, run.drafter_lr, run)
+    first_step, log, elapsed_before_s, segments = resume.load(drafter, opt, gen)
     target.eval()
     drafter.train()
     w = run.distill_ce_weight
-    log: list[dict[str, float]] = []
     t0 = time.perf_counter()
-    for step in range(run.drafter_steps):
+    for step in range(first_step, run.drafter_steps):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, run.drafter_steps, run.drafter_lr, run)
         batch = sample_windows(stream, run.batch_size, run.seq_len, gen)  # (b, t + 1)
@@ -378,8 +484,10 @@ def distill_drafter(drafter, target, stream, run: RunConfig) -> list[dict[str, f
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), run.grad_clip)
         opt.step()
         log.append({"loss": loss.item(), "kl": kl.item(), "ce": ce.item()})
+        elapsed_s = elapsed_before_s + time.perf_counter() - t0
+        if (step + 1) % resume.every == 0 or step + 1 == run.drafter_steps:
+            resume.save(step + 1, drafter, opt, gen, log, elapsed_s, segments)
         if (step + 1) % run.log_every == 0 or step + 1 == run.drafter_steps:
-            elapsed_s = time.perf_counter() - t0
             print(
                 f"drafter step {step + 1:4d}/{run.drafter_steps} loss {loss.item():.4f} "
                 f"kl {kl.item():.4f} ce {ce.item():.4f} "
@@ -387,7 +495,7 @@ def distill_drafter(drafter, target, stream, run: RunConfig) -> list[dict[str, f
                 flush=True,
             )
     drafter.eval()
-    return log
+    return log, elapsed_before_s + time.perf_counter() - t0, segments
 
 
 # ---------------------------------------------------------------------------------------------
@@ -528,29 +636,51 @@ def chained_greedy(target, drafter, stream, run: RunConfig) -> dict[str, object]
     }
 
 
-def decode_ms_per_token(model, prompt, steps: int) -> float:
-    """Median wall time (ms) of one batch-1 greedy decode step with a KV cache."""
-    import torch
-    from transformers import DynamicCache
+class GreedyDecoder:
+    """One model's batch-1 greedy decode with a KV cache, one timed step at a time."""
 
-    cache = DynamicCache(config=model.config)
-    times_s = []
-    with torch.inference_mode():
-        logits = model(input_ids=prompt, cache=cache, use_cache=True).logits
-        tok = logits[:, -1:].argmax(-1)  # (1, 1)
-        for _ in range(steps):
+    def __init__(self, model, prompt) -> None:  # prompt: (1, t)
+        import torch
+        from transformers import DynamicCache
+
+        self.model = model
+        self.cache = DynamicCache(config=model.config)
+        with torch.inference_mode():
+            logits = model(input_ids=prompt, cache=self.cache, use_cache=True).logits
+        self.token = logits[:, -1:].argmax(-1)  # (1, 1)
+
+    def step_ms(self) -> float:
+        """Decode one token; returns its wall time in ms (forward + argmax)."""
+        import torch
+
+        with torch.inference_mode():
             t0 = time.perf_counter()
-            logits = model(input_ids=tok, cache=cache, use_cache=True).logits
-            tok = logits[:, -1:].argmax(-1)
-            times_s.append(time.perf_counter() - t0)
-    return statistics.median(times_s) * 1e3
+            logits = self.model(input_ids=self.token, cache=self.cache, use_cache=True).logits
+            self.token = logits[:, -1:].argmax(-1)
+            return (time.perf_counter() - t0) * 1e3
 
 
-def generate_ms_per_token(model, prompt, steps: int) -> float:
-    """Per-token ms of ``generate`` (greedy, use_cache): (time(1 + steps) - time(1)) / steps."""
+def loop_step_times_ms(target, drafter, prompt, run: RunConfig) -> tuple[list[float], list[float]]:
+    """Per-step decode times (ms) of (target, drafter), alternating step by step so that other
+    jobs on the machine slow both alike; each round restarts from the prompt."""
+    target_ms: list[float] = []
+    drafter_ms: list[float] = []
+    for _ in range(run.decode_rounds):
+        decoders = GreedyDecoder(target, prompt), GreedyDecoder(drafter, prompt)
+        for decoder in decoders:  # warm-up
+            decoder.step_ms()
+        for _ in range(run.decode_steps):
+            target_ms.append(decoders[0].step_ms())
+            drafter_ms.append(decoders[1].step_ms())
+    return target_ms, drafter_ms
+
+
+def generate_ms_per_token(target, drafter, prompt, run: RunConfig) -> tuple[float, float]:
+    """Per-token ms of ``generate`` (greedy, use_cache) for (target, drafter):
+    (time(1 + steps new tokens) - time(1 new token)) / steps, each the best of 3 alternated runs."""
     import torch
 
-    def timed(n_new: int) -> float:
+    def timed_s(model, n_new: int) -> float:
         with torch.inference_mode():
             t0 = time.perf_counter()
             model.generate(
@@ -563,28 +693,53 @@ def generate_ms_per_token(model, prompt, steps: int) -> float:
             )
             return time.perf_counter() - t0
 
-    timed(2)  # warm-up
-    return (min(timed(1 + steps) for _ in range(3)) - min(timed(1) for _ in range(3))) / steps * 1e3
+    models = (target, drafter)
+    lengths = (1, 1 + run.decode_steps)
+    for model in models:
+        timed_s(model, 2)  # warm-up
+    best_s = {(m, n): math.inf for m in range(2) for n in lengths}
+    for _ in range(3):
+        for m, model in enumerate(models):
+            for n in lengths:
+                best_s[m, n] = min(best_s[m, n], timed_s(model, n))
+    per_token_ms = [
+        (best_s[m, lengths[1]] - best_s[m, 1]) / run.decode_steps * 1e3 for m in range(2)
+    ]
+    return per_token_ms[0], per_token_ms[1]
 
 
-def decode_costs(target, drafter, stream, run: RunConfig) -> dict[str, float]:
-    """Per-token decode cost of each model on CPU; rounds interleave the two models."""
+def decode_costs(target, drafter, stream, run: RunConfig) -> dict[str, object]:
+    """Per-token decode cost of each model on CPU (batch 1, greedy, KV cache), in ms, for each
+    thread count in ``run.decode_threads``.
+
+    ``loop_*``: 20th percentile of single-step times (a low quantile resists other jobs on a
+    shared machine; medians are kept too); ``generate_*``: transformers' ``generate`` loop.
+    """
+    import torch
+
     prompt = stream[: run.decode_prompt_len][None, :]  # (1, t)
-    decode_ms_per_token(target, prompt, 4)  # warm-up
-    decode_ms_per_token(drafter, prompt, 4)
-    t_ms, d_ms = [], []
-    for _ in range(run.decode_rounds):
-        t_ms.append(decode_ms_per_token(target, prompt, run.decode_steps))
-        d_ms.append(decode_ms_per_token(drafter, prompt, run.decode_steps))
-    t_gen = generate_ms_per_token(target, prompt, run.decode_steps)
-    d_gen = generate_ms_per_token(drafter, prompt, run.decode_steps)
+    by_threads: dict[str, dict[str, float]] = {}
+    try:
+        for threads in run.decode_threads:
+            torch.set_num_threads(threads)
+            t_ms, d_ms = loop_step_times_ms(target, drafter, prompt, run)
+            t_p20, d_p20 = statistics.quantiles(t_ms, n=5)[0], statistics.quantiles(d_ms, n=5)[0]
+            t_gen, d_gen = generate_ms_per_token(target, drafter, prompt, run)
+            by_threads[str(threads)] = {
+                "loop_target_ms": t_p20,
+                "loop_drafter_ms": d_p20,
+                "loop_ratio": t_p20 / d_p20,
+                "loop_target_median_ms": statistics.median(t_ms),
+                "loop_drafter_median_ms": statistics.median(d_ms),
+                "loop_median_ratio": statistics.median(t_ms) / statistics.median(d_ms),
+                "generate_target_ms": t_gen,
+                "generate_drafter_ms": d_gen,
+                "generate_ratio": t_gen / d_gen,
+            }
+    finally:
+        torch.set_num_threads(run.threads)
     return {
-        "loop_target_ms": min(t_ms),
-        "loop_drafter_ms": min(d_ms),
-        "loop_ratio": min(t_ms) / min(d_ms),
-        "generate_target_ms": t_gen,
-        "generate_drafter_ms": d_gen,
-        "generate_ratio": t_gen / d_gen,
+        "threads": by_threads,
         "matmul_params_ratio": matmul_params(target) / matmul_params(drafter),
     }
 
@@ -599,11 +754,15 @@ def matmul_params(model) -> int:
 
 
 def heldout_sample(texts: list[str], max_chars: int = 3000) -> str:
-    """A few KB of held-out code for tests: from the first ``def``/``class`` line of the first
-    held-out file of at least 8 KB, cut at a line end."""
-    text = next((t for t in texts if len(t) >= 8000), texts[0])
-    starts = [i for i in (text.find("\ndef "), text.find("\nclass ")) if i >= 0]
-    start = min(starts) + 1 if starts else 0
+    """A few KB of typical held-out code for tests: the first held-out file of at least 8 KB with
+    a top-level ``def`` or ``class``, from the first such line, cut at a line end."""
+
+    def first_def(text: str) -> int:
+        starts = [i for i in (text.find("\ndef "), text.find("\nclass ")) if i >= 0]
+        return min(starts) + 1 if starts else -1
+
+    text = next((t for t in texts if len(t) >= 8000 and first_def(t) >= 0), texts[0])
+    start = max(0, first_def(text))
     chunk = text[start : start + max_chars]
     return chunk[: chunk.rfind("\n") + 1] if "\n" in chunk else chunk
 
@@ -619,6 +778,44 @@ def shape_row(name: str, shape: dict, n_params: int) -> str:
         f"{shape['intermediate_size']} | {shape['num_heads']} | {shape['num_kv_heads']} | "
         f"{shape['hidden_size'] // shape['num_heads']} | {n_params / 1e6:.2f} M |"
     )
+
+
+def decode_rows(dc: dict) -> str:
+    """Markdown rows of the decode-cost table, two per thread count."""
+    rows = []
+    for threads, m in dc["threads"].items():
+        rows.append(
+            f"| {threads} | plain loop | {m['loop_target_ms']:.3f} "
+            f"({m['loop_target_median_ms']:.3f}) | {m['loop_drafter_ms']:.3f} "
+            f"({m['loop_drafter_median_ms']:.3f}) | {m['loop_ratio']:.2f} "
+            f"({m['loop_median_ratio']:.2f}) |"
+        )
+        rows.append(
+            f"| {threads} | `generate` | {m['generate_target_ms']:.3f} | "
+            f"{m['generate_drafter_ms']:.3f} | {m['generate_ratio']:.2f} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def threads_text(facts: dict) -> str:
+    """Torch threads used for training, per stretch of steps where a resumed run changed them."""
+    segments = facts.get("train_threads")
+    if not segments:
+        return f"{facts['threads']}"
+    run = facts["run"]
+    steps = {"target": run["target_steps"], "drafter": run["drafter_steps"]}
+    parts = []
+    for phase, stretches in segments.items():
+        if len(stretches) == 1:
+            parts.append(f"{phase} {stretches[0]['threads']}")
+            continue
+        ends = [s["from_step"] for s in stretches[1:]] + [steps[phase]]
+        spans = " and ".join(
+            f"{s['threads']} for steps {s['from_step'] + 1}-{end}"
+            for s, end in zip(stretches, ends, strict=True)
+        )
+        parts.append(f"{phase} {spans} (stopped, then resumed with another thread count)")
+    return "; ".join(parts)
 
 
 def render_card(facts: dict) -> str:
@@ -655,11 +852,11 @@ transformers {facts["transformers_version"]}, tokenizers {facts["tokenizers_vers
 
 ```
 python scripts/train_demo.py {quick}--seed {run["seed"]} --target-steps {run["target_steps"]} \\
-    --drafter-steps {run["drafter_steps"]} --threads {run["threads"]} --precision {run["precision"]}
+    --drafter-steps {run["drafter_steps"]} --precision {run["precision"]}
 ```
 
 Same versions and seed give the same losses up to float noise (bit-identical files on the same
-machine). Another Python version has another standard library, hence another corpus and other
+machine with the same thread count). Another Python version has another standard library, hence another corpus and other
 weights. `python scripts/train_demo.py --eval-only` re-measures the shipped folders and rewrites
 this card and `demo_training.json` (timings vary with the machine and its load).
 
@@ -702,11 +899,13 @@ On disk: demo-target {sizes["demo-target"] / 1e6:.2f} MB, demo-drafter \
 
 ## Training
 
-{facts["threads"]} CPU threads, {precision}. AdamW (betas 0.9/0.95, weight decay \
-{run["weight_decay"]} on matrices), {run["warmup_steps"]} warm-up steps then cosine decay to \
-{run["min_lr_ratio"]} x peak, gradient clipping {run["grad_clip"]}, batch {run["batch_size"]} x \
-{run["seq_len"]} = {tokens_per_step:,} tokens per step. The drafter is distilled from the saved
-float16 target.
+- Torch threads: {threads_text(facts)}.
+- Precision: {precision}.
+- Optimizer: AdamW (betas 0.9/0.95, weight decay {run["weight_decay"]} on matrices),
+  {run["warmup_steps"]} warm-up steps then cosine decay to {run["min_lr_ratio"]} x peak, gradient
+  clipping {run["grad_clip"]}.
+- Batch: {run["batch_size"]} x {run["seq_len"]} = {tokens_per_step:,} tokens per step.
+- The drafter is distilled from the saved float16 target.
 
 | | steps | peak LR | tokens seen | objective | wall time |
 |---|---|---|---|---|---|
@@ -716,9 +915,10 @@ float16 target.
 {run["drafter_steps"] * tokens_per_step:,} | {1 - w_ce:.1f} x KL(target ‖ drafter) + {w_ce} x CE \
 | {wall["drafter_train"]:.0f} s |
 
-Tokenizer training {wall["tokenizer"]:.0f} s, encoding {wall["encode"]:.0f} s. In all
-{wall["training_total"]:.0f} s = {wall["training_total"] / 60:.1f} min of wall time (CPU:
-{facts["cpu"]}).
+Wall time of the training steps, summed over resumed stretches (CPU: {facts["cpu"]}; the
+figures move with the machine's other load): tokenizer training {wall["tokenizer"]:.0f} s,
+encoding {wall["encode"]:.0f} s, in all {wall["training_total"]:.0f} s = \
+{wall["training_total"] / 60:.1f} min.
 
 ## Losses (nats per token)
 
@@ -756,19 +956,19 @@ Mean accepted draft tokens per round at draft length {k}: {ch["mean_accepted"]:.
 
 ## Decode cost (CPU, batch 1, greedy, KV cache)
 
-{facts["threads"]} threads, float32, {run["decode_prompt_len"]}-token prompt. Plain loop: median
-time of one `model(input_ids=last_token, cache=DynamicCache, use_cache=True)` + argmax step over
-{run["decode_steps"]} steps, best of {run["decode_rounds"]} rounds alternating the two models.
-`generate`: (time of `generate(max_new_tokens={run["decode_steps"] + 1})` - time of
-`generate(max_new_tokens=1)`) / {run["decode_steps"]}, greedy, use_cache, best of 3.
+float32, {run["decode_prompt_len"]}-token prompt. Plain loop: one
+`model(input_ids=last_token, cache=DynamicCache, use_cache=True)` call plus argmax per token,
+{run["decode_rounds"]} rounds of {run["decode_steps"]} tokens, the two models alternating token by
+token; the table gives the 20th percentile of the step times (a low quantile resists other jobs
+on a shared machine), the median in parentheses. `generate`: (time of
+`generate(max_new_tokens={run["decode_steps"] + 1})` - time of `generate(max_new_tokens=1)`) /
+{run["decode_steps"]}, greedy, use_cache, best of 3 alternated runs.
 
-| | demo-target | demo-drafter | ratio |
-|---|---|---|---|
-| plain loop (ms/token) | {dc["loop_target_ms"]:.3f} | {dc["loop_drafter_ms"]:.3f} | \
-{dc["loop_ratio"]:.2f} |
-| transformers `generate` (ms/token) | {dc["generate_target_ms"]:.3f} | \
-{dc["generate_drafter_ms"]:.3f} | {dc["generate_ratio"]:.2f} |
-| matmul weights read per token (lm_head included) | | | {dc["matmul_params_ratio"]:.2f} |
+| torch threads | timing | demo-target (ms/token) | demo-drafter (ms/token) | ratio |
+|---|---|---|---|---|
+{decode_rows(dc)}
+Matmul weights read per token (lm_head included), target / drafter: \
+{dc["matmul_params_ratio"]:.2f}.
 
 At this size a forward pass costs mostly fixed per-layer overhead (operator dispatch, Python), so
 the ratio follows the layer count ({tshape["num_layers"]} vs {dshape["num_layers"]}) more than the
@@ -801,8 +1001,8 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def parse_args(argv: list[str] | None) -> tuple[RunConfig, Path, bool]:
-    """Command line -> (run config, output folder, eval-only)."""
+def parse_args(argv: list[str] | None) -> tuple[RunConfig, Path, Path, bool]:
+    """Command line -> (run config, output folder, checkpoint folder, eval-only)."""
     defaults = RunConfig()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -825,6 +1025,12 @@ def parse_args(argv: list[str] | None) -> tuple[RunConfig, Path, bool]:
         "--quick", action="store_true", help="smoke run of a few seconds on a few files"
     )
     parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=DEFAULT_STATE_DIR,
+        help="where resumable training checkpoints go (a killed run resumes from them)",
+    )
+    parser.add_argument(
         "--eval-only",
         action="store_true",
         help="no training: re-measure the folders in --out-dir with the settings recorded in its "
@@ -839,7 +1045,7 @@ def parse_args(argv: list[str] | None) -> tuple[RunConfig, Path, bool]:
     if args.drafter_steps is not None:
         run = replace(run, drafter_steps=args.drafter_steps)
     out_dir = args.out_dir or (QUICK_OUT_DIR if args.quick else DEFAULT_OUT_DIR)
-    return run, out_dir.resolve(), args.eval_only
+    return run, out_dir.resolve(), args.state_dir.resolve(), args.eval_only
 
 
 @dataclass(frozen=True)
@@ -874,7 +1080,7 @@ def load_corpus(run: RunConfig) -> Corpus:
     )
 
 
-def train_pair(run: RunConfig, corpus: Corpus, out_dir: Path) -> dict:
+def train_pair(run: RunConfig, corpus: Corpus, out_dir: Path, state_dir: Path) -> dict:
     """Tokenizer, target, drafter: train, save both folders; returns the training facts."""
     import tokenizers
     import torch
@@ -896,22 +1102,25 @@ def train_pair(run: RunConfig, corpus: Corpus, out_dir: Path) -> dict:
 
     torch.manual_seed(run.seed)
     target = build_model(TARGET_SHAPE, run)
-    t0 = time.perf_counter()
-    target_losses = train_target(target, train_stream, run)
-    wall["target_train"] = time.perf_counter() - t0
+    target_resume = make_resume(state_dir, "target", run, train_stream)
+    target_losses, wall["target_train"], target_threads = train_target(
+        target, train_stream, run, target_resume
+    )
     save_folder(target, tok, out_dir / TARGET_DIRNAME, run.max_position_embeddings)
     target = load_folder(out_dir / TARGET_DIRNAME)  # distil from exactly what ships
 
     torch.manual_seed(run.seed + 100)
     drafter = build_model(DRAFTER_SHAPE, run)
-    t0 = time.perf_counter()
-    drafter_log = distill_drafter(drafter, target, train_stream, run)
-    wall["drafter_train"] = time.perf_counter() - t0
+    drafter_resume = make_resume(state_dir, "drafter", run, train_stream)
+    drafter_log, wall["drafter_train"], drafter_threads = distill_drafter(
+        drafter, target, train_stream, run, drafter_resume
+    )
     save_folder(drafter, tok, out_dir / DRAFTER_DIRNAME, run.max_position_embeddings)
     wall["training_total"] = (
         wall["tokenizer"] + wall["encode"] + wall["target_train"] + wall["drafter_train"]
     )
-    atomic_write_text(out_dir / HELDOUT_SAMPLE_NAME, heldout_sample(corpus.heldout_texts))
+    for resume in (target_resume, drafter_resume):
+        resume.path.unlink(missing_ok=True)
 
     last = min(20, len(target_losses))
     return {
@@ -921,6 +1130,7 @@ def train_pair(run: RunConfig, corpus: Corpus, out_dir: Path) -> dict:
         "tokenizers_version": tokenizers.__version__,
         "cpu": cpu_name(),
         "threads": torch.get_num_threads(),
+        "train_threads": {"target": target_threads, "drafter": drafter_threads},
         "run": asdict(run),
         "target_shape": asdict(TARGET_SHAPE),
         "drafter_shape": asdict(DRAFTER_SHAPE),
@@ -989,7 +1199,7 @@ def write_outputs(facts: dict, out_dir: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Train (unless ``--eval-only``), measure, and write the folders, card and facts file."""
-    run, out_dir, eval_only = parse_args(argv)
+    run, out_dir, state_dir, eval_only = parse_args(argv)
     os.environ["RAYON_NUM_THREADS"] = str(run.threads)  # the tokenizers trainer's thread pool
     os.environ["TOKENIZERS_PARALLELISM"] = "true"
 
@@ -1008,10 +1218,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"warning: trained on Python {facts['python_version']}: other held-out text")
     else:
         corpus = load_corpus(run)
-        facts = train_pair(run, corpus, out_dir)
+        facts = train_pair(run, corpus, out_dir, state_dir)
     measured = measure_pair(run, corpus, out_dir)
     facts |= {k: v for k, v in measured.items() if k != "evaluation_wall_s"}
     facts["wall_s"]["evaluation"] = measured["evaluation_wall_s"]
+    atomic_write_text(out_dir / HELDOUT_SAMPLE_NAME, heldout_sample(corpus.heldout_texts))
     write_outputs(facts, out_dir)
 
     ev, chain, costs = facts["eval"], facts["chained_greedy"], facts["decode_cost"]
@@ -1021,11 +1232,12 @@ def main(argv: list[str] | None = None) -> int:
         f"alpha T=1 {ev['alpha_t1']:.3f} T=0.7 {ev['alpha_t07']:.3f}"
     )
     print(f"chained greedy P(accepted >= k): {chain['accept_rate_at_least']}")
-    print(
-        f"decode ms/token: loop target {costs['loop_target_ms']:.3f} drafter "
-        f"{costs['loop_drafter_ms']:.3f} ratio {costs['loop_ratio']:.2f}; generate ratio "
-        f"{costs['generate_ratio']:.2f}"
-    )
+    for threads, m in costs["threads"].items():
+        print(
+            f"decode ms/token, {threads} thread(s): loop target {m['loop_target_ms']:.3f} "
+            f"drafter {m['loop_drafter_ms']:.3f} ratio {m['loop_ratio']:.2f} (median ratio "
+            f"{m['loop_median_ratio']:.2f}); generate ratio {m['generate_ratio']:.2f}"
+        )
     print(f"wall: {json.dumps({k: round(v, 1) for k, v in facts['wall_s'].items()})}")
     print(f"wrote {out_dir} ({facts['sizes_bytes']['total'] / 1e6:.2f} MB)")
     return 0
