@@ -5,16 +5,20 @@ an earlier, interrupted run are passed in and never measured again. The search, 
 ``c_1 < ... < c_n`` and a largest draft length ``K``:
 
 1. **Baselines**: ``k = 0`` at every concurrency (the right side of the cost inequality).
-2. **Acceptance**: ``k = K`` at a couple of concurrencies spread over the range (the smallest and
-   largest by default). Its per-position acceptance gives ``E[tokens | k]`` for every ``k <= K``
-   (:mod:`spectool.decide.acceptance`); where the engine reports only an acceptance length, a
-   constant ``alpha`` is fitted to it instead.
-3. **Cost model**: ``k = 1`` at the same concurrencies, so the step cost is known at two draft
-   lengths and two batch sizes; :func:`~spectool.decide.model.fit_step_cost` fits it.
+2. **Acceptance**: ``k = K`` at the smallest concurrency. Its per-position acceptance gives
+   ``E[tokens | k]`` for every ``k <= K`` (:mod:`spectool.decide.acceptance`) at every
+   concurrency: with exact verification acceptance is a property of the drafter, the target and
+   the prompts, not of the batch (where the engine reports only an acceptance length, a constant
+   ``alpha`` is fitted to it instead). ``K`` at a large concurrency would cost the most of any
+   cell and is the cell least likely to be chosen.
+3. **Cost model**: ``k = 1`` at the smallest and the largest concurrency, so the step cost is
+   known at two draft lengths and two batch sizes; :func:`~spectool.decide.model.fit_step_cost`
+   fits it.
 4. **Predict** the per-token ratio of every cell and the best ``k`` per concurrency.
 5. **Confirm**: measure the predicted best cell at every concurrency where it is predicted to pay
    (or to come within ``close_margin`` of paying), and its neighbours ``k +- 1`` when their
-   prediction is within ``close_margin`` of the best.
+   prediction is within ``close_margin`` of the best. These cells are measured grouped by ``k``
+   (:func:`server_order`): each draft length is one server start, minutes for TensorRT-LLM.
 6. **Decide** from measurements only, every measured cell included (finished ones too): at each
    concurrency, among the cells whose bootstrap interval lies below 1 (``pays``), the one with the
    lowest measured step cost over tokens per step from acceptance pooled across the
@@ -146,15 +150,19 @@ def spread(concurrencies: Sequence[int], n: int) -> tuple[int, ...]:
 
 
 def initial_plan(
-    concurrencies: Sequence[int], max_draft_len: int, *, acceptance_concurrencies: int = 2
+    concurrencies: Sequence[int],
+    max_draft_len: int,
+    *,
+    acceptance_concurrencies: int = 1,
+    cost_concurrencies: int = 2,
 ) -> tuple[CellKey, ...]:
-    """Cells measured before any prediction: baselines, then ``K`` and ``1`` at the anchors."""
-    anchors = spread(concurrencies, acceptance_concurrencies)
+    """Cells measured before any prediction: baselines, ``K`` at the smallest concurrency (or
+    ``acceptance_concurrencies`` spread ones), then ``1`` at ``cost_concurrencies`` spread ones
+    (ends included). Grouped by ``k``: three server starts."""
     plan: list[CellKey] = [(c, 0) for c in sorted(set(concurrencies))]
-    plan += [(c, max_draft_len) for c in anchors]
-    if max_draft_len > 1:
-        plan += [(c, 1) for c in anchors]
-    return tuple(plan)
+    plan += [(c, max_draft_len) for c in spread(concurrencies, acceptance_concurrencies)]
+    plan += [(c, 1) for c in spread(concurrencies, cost_concurrencies)]
+    return tuple(dict.fromkeys(plan))
 
 
 def _base_step_ms(cell: CellMeasurement) -> float | None:
@@ -202,7 +210,8 @@ def tune(
     n_boot: int = 1000,
     confidence: float = 0.95,
     seed: int = 0,
-    acceptance_concurrencies: int = 2,
+    acceptance_concurrencies: int = 1,
+    cost_concurrencies: int = 2,
     close_margin: float = 0.05,
     min_gain: float = 0.0,
     accept_inconclusive: bool = False,
@@ -240,7 +249,12 @@ def tune(
             measured_now.append((c, k))
         return cells[(c, k)]
 
-    plan = initial_plan(concs, max_draft_len, acceptance_concurrencies=acceptance_concurrencies)
+    plan = initial_plan(
+        concs,
+        max_draft_len,
+        acceptance_concurrencies=acceptance_concurrencies,
+        cost_concurrencies=cost_concurrencies,
+    )
     planned = {key: get(*key) for key in plan}
 
     # Predictions rest on the planned cells only, so a resumed search (which may already hold
@@ -260,10 +274,15 @@ def tune(
             model, alphas, max_draft_len, base_step_ms=base_step, batch_by_concurrency=batch
         )
         predicted_choices = choose_k(predictions, min_gain=min_gain)
-        for c in concs:
-            _confirm(
-                c, [p for p in predictions if p.concurrency == c and p.k > 0], close_margin, get
+        wanted = [
+            key
+            for c in concs
+            for key in _confirm_keys(
+                c, [p for p in predictions if p.concurrency == c and p.k > 0], close_margin
             )
+        ]
+        for key in server_order(wanted, last_k=plan[-1][1]):
+            get(*key)
     else:
         notes.append(
             "no acceptance counts or step times: nothing to predict from, measured the full grid"
@@ -295,14 +314,17 @@ def tune(
         # write. For each draft length measured there, confirm the predicted best cell at most
         # that long at every concurrency that wanted more, so the writable options are measured.
         first = concs[0]
-        extra = False
+        wanted = []
         for k1 in sorted(k for c, k in cells if c == first and k > 0):
             for c in concs[1:]:
                 options = [p for p in predictions if p.concurrency == c and 1 <= p.k <= k1]
                 best = min(options, key=lambda p: (p.ratio, p.k), default=None)
                 if uncapped[c] > k1 and best is not None and best.ratio < 1.0 + close_margin:
-                    extra |= (c, best.k) not in cells
-                    get(c, best.k)
+                    wanted.append((c, best.k))
+        extra = [key for key in dict.fromkeys(wanted) if key not in cells]
+        last_k = measured_now[-1][1] if measured_now else None
+        for key in server_order(extra, last_k=last_k):
+            get(*key)
         if extra:
             verdicts, choices, uncapped = decide()
     first_cell = next(
@@ -349,24 +371,33 @@ def tune(
     )
 
 
-def _confirm(
-    concurrency: int,
-    predictions: Sequence[CellPrediction],
-    close_margin: float,
-    get: Callable[[int, int], CellMeasurement],
-) -> None:
-    """Measure the predicted best cell (if it may pay) and its close neighbours."""
+def _confirm_keys(
+    concurrency: int, predictions: Sequence[CellPrediction], close_margin: float
+) -> list[CellKey]:
+    """The predicted best cell (if it may pay) and its close neighbours, to be measured."""
     if not predictions:
-        return
+        return []
     by_k = {p.k: p for p in predictions}
     best = min(predictions, key=lambda p: (p.ratio, p.k))
     if best.ratio >= 1.0 + close_margin:
-        return
-    get(concurrency, best.k)
+        return []
+    keys = [(concurrency, best.k)]
     for k in (best.k - 1, best.k + 1):
         p = by_k.get(k)
         if p is not None and p.ratio <= best.ratio * (1.0 + close_margin):
-            get(concurrency, k)
+            keys.append((concurrency, k))
+    return keys
+
+
+def server_order(keys: Sequence[CellKey], *, last_k: int | None = None) -> list[CellKey]:
+    """``keys`` grouped by draft length, so each ``k`` needs one server start.
+
+    Every ``k`` is a server of its own (a restart: minutes for TensorRT-LLM), so cells sharing
+    it are measured together: first those of ``last_k`` (the server already running), then by
+    ascending ``k``; within a group by ascending concurrency. Duplicates are dropped.
+    """
+    unique = list(dict.fromkeys(keys))
+    return sorted(unique, key=lambda key: (key[1] != last_k, key[1], key[0]))
 
 
 def _ranking_ratios(

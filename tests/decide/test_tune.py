@@ -9,7 +9,7 @@ import pytest
 
 from spectool.decide.cell import CellMeasurement
 from spectool.decide.model import draft_len_for_batch
-from spectool.decide.tune import initial_plan, spread, tune
+from spectool.decide.tune import initial_plan, server_order, spread, tune
 from spectool.errors import BadInputError
 
 from .world import World
@@ -61,6 +61,9 @@ def test_picks_the_true_best_k_with_far_fewer_runs() -> None:
     assert len(measure.calls) == len(set(measure.calls)) == len(result.measured_now)
     assert result.full_grid_runs == len(CONCURRENCIES) * (K + 1) == 49
     assert len(measure.calls) <= result.full_grid_runs // 2
+    # Cells sharing a draft length are measured together: one server start per k.
+    switches = sum(a[1] != b[1] for a, b in zip(measure.calls, measure.calls[1:], strict=False))
+    assert switches + 1 == len({k for _, k in measure.calls})
     # The model was fitted from the planned cells and predicted the confirmed cells well.
     assert result.cost_model is not None
     assert result.cost_model.rms_residual_ms < 0.5
@@ -174,7 +177,9 @@ def test_single_draft_length_gives_a_concurrency_gate() -> None:
 
 def test_choices_that_rise_with_concurrency_are_made_writable() -> None:
     """Poor acceptance at concurrency 1, good at 8: the unconstrained best (1 then 4) cannot be a
-    schedule (its first value is max_draft_len), so the best writable pair is measured and kept."""
+    schedule (its first value is max_draft_len), so the best writable pair is measured and kept.
+    Acceptance that depends on the concurrency (it does not, for one workload under exact
+    verification) needs acceptance measured at both ends."""
     low = World(alphas=(0.55, 0.2, 0.1, 0.1, 0.1, 0.1))
     high = World(alphas=(0.95, 0.9, 0.85, 0.8, 0.75, 0.7))
     assert (low.true_best(1, K), high.true_best(8, K)) == (1, 4)
@@ -186,7 +191,13 @@ def test_choices_that_rise_with_concurrency_are_made_writable() -> None:
         k1: true_ratio(1, k1) + min(true_ratio(8, k) for k in range(k1 + 1)) for k1 in range(K + 1)
     }
     best_k1 = min(writable, key=writable.__getitem__)
-    result = tune((1, 8), K, lambda c, k: (low if c == 1 else high).measure(c, k), n_boot=300)
+    result = tune(
+        (1, 8),
+        K,
+        lambda c, k: (low if c == 1 else high).measure(c, k),
+        n_boot=300,
+        acceptance_concurrencies=2,
+    )
     assert result.choices == {1: best_k1, 8: best_k1} == {1: 2, 8: 2}
     assert any("writable" in note for note in result.notes)
     assert result.schedule == {8: 2}
@@ -199,8 +210,18 @@ def test_initial_plan_and_spread() -> None:
     assert spread((4,), 2) == (4,)
     plan = initial_plan(CONCURRENCIES, K)
     assert plan[: len(CONCURRENCIES)] == tuple((c, 0) for c in CONCURRENCIES)
-    assert set(plan[len(CONCURRENCIES) :]) == {(1, K), (64, K), (1, 1), (64, 1)}
+    assert plan[len(CONCURRENCIES) :] == ((1, K), (1, 1), (64, 1))
     assert initial_plan((1, 64), 1) == ((1, 0), (64, 0), (1, 1), (64, 1))
+    wide = initial_plan(CONCURRENCIES, K, acceptance_concurrencies=2, cost_concurrencies=3)
+    assert wide[len(CONCURRENCIES) :] == ((1, K), (64, K), (1, 1), (8, 1), (64, 1))
+
+
+def test_server_order_groups_cells_by_draft_length() -> None:
+    keys = [(1, 3), (2, 2), (1, 2), (4, 1), (2, 3), (1, 3)]
+    assert server_order(keys) == [(4, 1), (1, 2), (2, 2), (1, 3), (2, 3)]
+    # The server already running goes first.
+    assert server_order(keys, last_k=3) == [(1, 3), (2, 3), (4, 1), (1, 2), (2, 2)]
+    assert server_order([], last_k=1) == []
 
 
 def test_bad_calls_are_refused() -> None:
