@@ -64,6 +64,56 @@ class ChildSpec:
 
 
 @dataclass(frozen=True)
+class HealthWait:
+    """How :func:`poll_health` ended: ``outcome`` is ``"ready"`` (200 after ``waited_s``),
+    ``"exited"`` (the child ended first, with ``exit_code``), ``"stopped"`` (the caller's
+    ``stopped()`` said so) or ``"timeout"``; ``last`` is the last answer seen (``HTTP 503``, an
+    httpx transport error's name, or ``no answer``)."""
+
+    outcome: str
+    waited_s: float
+    last: str
+    exit_code: int | None = None
+
+
+def poll_health(
+    url: str,
+    *,
+    timeout_s: float,
+    interval_s: float = POLL_INTERVAL_S,
+    exit_code: Callable[[], int | None] = lambda: None,
+    stopped: Callable[[], bool] = lambda: False,
+) -> HealthWait:
+    """Poll ``GET url`` until it answers 200, the child exits, the caller stops, or ``timeout_s``.
+
+    Servers bind their socket late (trtllm-serve after loading and warming up) or answer 503
+    while loading, so connection errors and non-200 answers mean "not yet". Every server child
+    spectool starts (``serve``, ``tune``'s drivers) waits through this one loop; callers turn the
+    outcome into their own error, with their own log tail.
+    """
+    start = time.perf_counter()
+    last = "no answer"
+    with httpx.Client(timeout=httpx.Timeout(min(5.0, timeout_s))) as client:
+        while True:
+            if stopped():
+                return HealthWait("stopped", time.perf_counter() - start, last)
+            code = exit_code()
+            if code is not None:
+                return HealthWait("exited", time.perf_counter() - start, last, code)
+            try:
+                response = client.get(url)
+                if response.status_code == 200:
+                    return HealthWait("ready", time.perf_counter() - start, last)
+                last = f"HTTP {response.status_code}"
+            except httpx.TransportError as exc:
+                last = type(exc).__name__
+            waited = time.perf_counter() - start
+            if waited >= timeout_s:
+                return HealthWait("timeout", waited, last)
+            time.sleep(min(interval_s, max(0.0, timeout_s - waited)))
+
+
+@dataclass(frozen=True)
 class ChildResult:
     """How a supervised child ended: its exit code and the signal the user sent, if any."""
 
@@ -215,31 +265,24 @@ def _wait_ready(
 ) -> float | None:
     """Seconds until ``/health`` answered 200; None when the user stopped it meanwhile."""
     url = spec.base_url + spec.health_path
-    start = time.perf_counter()
-    last = "no answer"
-    with httpx.Client(timeout=httpx.Timeout(5.0)) as client:
-        while True:
-            if forwarder.received is not None:
-                return None
-            code = proc.poll()
-            if code is not None:
-                raise _failure(spec.name, f"exited with code {code} before {url} answered", tail)
-            try:
-                response = client.get(url)
-                if response.status_code == 200:
-                    return time.perf_counter() - start
-                last = f"HTTP {response.status_code}"
-            except httpx.TransportError as exc:
-                last = type(exc).__name__
-            waited = time.perf_counter() - start
-            if waited >= spec.ready_timeout_s:
-                raise _failure(
-                    spec.name,
-                    f"not ready after {spec.ready_timeout_s:.0f} s ({url}: {last}); raise "
-                    "--ready-timeout if the model is still loading",
-                    tail,
-                )
-            time.sleep(POLL_INTERVAL_S)
+    wait = poll_health(
+        url,
+        timeout_s=spec.ready_timeout_s,
+        exit_code=proc.poll,
+        stopped=lambda: forwarder.received is not None,
+    )
+    if wait.outcome == "ready":
+        return wait.waited_s
+    if wait.outcome == "stopped":
+        return None
+    if wait.outcome == "exited":
+        raise _failure(spec.name, f"exited with code {wait.exit_code} before {url} answered", tail)
+    raise _failure(
+        spec.name,
+        f"not ready after {spec.ready_timeout_s:.0f} s ({url}: {wait.last}); raise "
+        "--ready-timeout if the model is still loading",
+        tail,
+    )
 
 
 def _wait_exit(

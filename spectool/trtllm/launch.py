@@ -1,8 +1,8 @@
-"""Command lines for ``trtllm-serve`` and the legacy ``trtllm-build``, and the readiness wait.
+"""Command lines for ``trtllm-serve`` and the legacy ``trtllm-build``.
 
-Pure argv building (lists of strings, never a shell string: no ``shell=True`` anywhere) plus one
-HTTP poll. Process supervision (start, log streaming, signals, no orphans) lives with the serve
-command, not here.
+Pure argv building (lists of strings, never a shell string: no ``shell=True`` anywhere).
+Process supervision (start, log streaming, signals, the ``/health`` wait, no orphans) lives with
+the serve command (:mod:`spectool.deploy.supervise`), not here.
 
 Per-release differences (from :mod:`spectool.trtllm.releases`): the YAML flag is ``--config`` from
 1.2 (``--extra_llm_api_options`` before, still accepted as an alias later); ``--backend`` exists up
@@ -17,13 +17,9 @@ flags win [SRC]; pass each limit in one place only (spectool writes them into th
 from __future__ import annotations
 
 import shutil
-import time
-from collections.abc import Callable
 from pathlib import Path
 
-import httpx
-
-from spectool.errors import ChildProcessError_, ConfigError, EngineMissingError
+from spectool.errors import ConfigError, EngineMissingError
 from spectool.trtllm.releases import check_backend, release_info
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -210,47 +206,3 @@ def build_mode_for_method(method: str) -> str:
             f"has no TensorRT engine mode; engine methods: {', '.join(BUILD_MODES)}",
         ) from None
 
-
-def wait_until_ready(
-    base_url: str,
-    *,
-    timeout_s: float,
-    poll_interval_s: float = 0.5,
-    is_alive: Callable[[], bool] | None = None,
-    client: httpx.Client | None = None,
-) -> float:
-    """Poll ``GET {base_url}/health`` until it answers 200; return the seconds waited.
-
-    ``trtllm-serve`` binds its socket only after loading the model, warming up and capturing
-    CUDA graphs, so connection errors and 503 mean "not yet". ``is_alive`` (e.g. ``lambda:
-    proc.poll() is None``) stops the wait early when the server process died. Raises
-    :class:`ChildProcessError_` on death or timeout.
-    """
-    if timeout_s <= 0 or poll_interval_s <= 0:
-        raise ConfigError("timeout_s", "timeout and poll interval must be positive")
-    url = base_url.rstrip("/") + "/health"
-    own = client is None
-    http = client or httpx.Client(timeout=httpx.Timeout(min(5.0, timeout_s)))
-    start = time.perf_counter()
-    last = "no answer"
-    try:
-        while True:
-            if is_alive is not None and not is_alive():
-                raise ChildProcessError_(f"trtllm-serve exited before {url} answered ({last})")
-            try:
-                response = http.get(url)
-                if response.status_code == 200:
-                    return time.perf_counter() - start
-                last = f"HTTP {response.status_code}"
-            except httpx.TransportError as exc:
-                last = type(exc).__name__
-            waited = time.perf_counter() - start
-            if waited >= timeout_s:
-                raise ChildProcessError_(
-                    f"{url} not ready after {timeout_s:.0f} s (last: {last}); the server may "
-                    "still be loading: raise the timeout or read its log"
-                )
-            time.sleep(min(poll_interval_s, max(0.0, timeout_s - waited)))
-    finally:
-        if own:
-            http.close()

@@ -13,14 +13,12 @@ folder, never to a pipe nobody reads; a failure raises
 from __future__ import annotations
 
 import subprocess
-import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-import httpx
-
+from spectool.deploy.supervise import poll_health, stop_group
 from spectool.errors import ChildProcessError_
 
 TAIL_LINES = 40
@@ -75,8 +73,6 @@ def spawn(
 
 def stop(proc: subprocess.Popen[Any], grace_s: float = STOP_GRACE_S) -> None:
     """Stop the child's whole process group (it leads one: :func:`spawn`) and reap it."""
-    from spectool.deploy.supervise import stop_group
-
     stop_group(proc, proc.pid, grace_s)
 
 
@@ -95,25 +91,14 @@ def wait_healthy(
     within ``timeout_s``.
     """
     url = base_url + health_path
-    start = time.perf_counter()
-    last = "no answer"
-    with httpx.Client(timeout=httpx.Timeout(5.0)) as client:
-        while True:
-            code = proc.poll()
-            if code is not None:
-                raise failure(name, f"exited with code {code} before {url} answered", log_path)
-            try:
-                response = client.get(url)
-                if response.status_code == 200:
-                    return time.perf_counter() - start
-                last = f"HTTP {response.status_code}"
-            except httpx.TransportError as exc:
-                last = type(exc).__name__
-            if time.perf_counter() - start >= timeout_s:
-                raise failure(
-                    name,
-                    f"not ready after {timeout_s:.0f} s ({url}: {last}); raise --ready-timeout "
-                    "if the model is still loading",
-                    log_path,
-                )
-            time.sleep(POLL_INTERVAL_S)
+    wait = poll_health(url, timeout_s=timeout_s, interval_s=POLL_INTERVAL_S, exit_code=proc.poll)
+    if wait.outcome == "exited":
+        raise failure(name, f"exited with code {wait.exit_code} before {url} answered", log_path)
+    if wait.outcome != "ready":
+        raise failure(
+            name,
+            f"not ready after {timeout_s:.0f} s ({url}: {wait.last}); raise --ready-timeout "
+            "if the model is still loading",
+            log_path,
+        )
+    return wait.waited_s

@@ -1,18 +1,22 @@
-"""Did the machine's speed change during the run? The baseline measured again at the end.
+"""Did the machine's speed change during the run? One cell measured again at the end.
 
 Why: every ratio compares a speculative cell with a baseline measured earlier, minutes apart on
 the same server settings. A machine shared with other work (or one that heats up and throttles)
 runs slower or faster as time goes on, which shifts every ratio by the same factor and no
-bootstrap interval sees it. So after the search, one baseline trial at the smallest concurrency
-(whose choice gates the whole schedule) is run again and compared with the first:
-``drift = rhs_end / rhs_start`` (decode ms per token, from iteration stats when the server
-reports them, else client TPOT), with a percentile bootstrap interval. ``significant`` when the
-interval excludes 1 and the change exceeds :data:`DRIFT_TOLERANCE`: the report then says the
-decision may not hold on a quiet machine and suggests a rerun. Nothing is recomputed from it.
+bootstrap interval sees it. So after the search, one cell measured early is run again and
+compared with its first measurement: ``drift = per_token_end / per_token_start`` (decode ms per
+token, from iteration stats when the server reports them, else client TPOT), with a percentile
+bootstrap interval. Which cell (:func:`drift_reference`): the first one measured with the draft
+length whose server is still running, when other draft lengths were measured after it (no extra
+server start; greedy outputs repeat, so its acceptance does too); otherwise the baseline at the
+smallest concurrency, whose choice gates the whole schedule. ``significant`` when the interval
+excludes 1 and the change exceeds :data:`DRIFT_TOLERANCE`: the report then says the decision may
+not hold on a quiet machine and suggests a rerun. Nothing is recomputed from it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +37,7 @@ class Drift:
     """``ratio`` = decode ms per token at the end over at the start, with its interval."""
 
     concurrency: int
+    k: int
     start_ms_per_token: float
     end_ms_per_token: float
     ratio: float
@@ -48,6 +53,7 @@ class Drift:
     def to_json(self) -> dict[str, object]:
         return {
             "concurrency": self.concurrency,
+            "k": self.k,
             "start_ms_per_token": self.start_ms_per_token,
             "end_ms_per_token": self.end_ms_per_token,
             "ratio": self.ratio,
@@ -58,17 +64,32 @@ class Drift:
 
     def describe(self) -> str:
         change = f"{(self.ratio - 1.0):+.1%}"
+        cell = "the baseline" if self.k == 0 else f"k={self.k}"
         return (
-            f"the baseline at concurrency {self.concurrency} measured {self.start_ms_per_token:.3f} "
+            f"{cell} at concurrency {self.concurrency} measured {self.start_ms_per_token:.3f} "
             f"ms/token at the start and {self.end_ms_per_token:.3f} at the end ({change}, CI "
             f"{self.ci_low:.3f}-{self.ci_high:.3f})"
         )
 
 
+def drift_reference(
+    measured: Sequence[tuple[int, int]], fallback: tuple[int, int]
+) -> tuple[int, int]:
+    """The cell to measure again (see the module docstring): ``measured`` in order, the last
+    one's draft length being the server still running."""
+    if not measured:
+        return fallback
+    last_k = measured[-1][1]
+    first = next(i for i, (_, k) in enumerate(measured) if k == last_k)
+    if any(k != last_k for _, k in measured[first:]):
+        return measured[first]
+    return fallback
+
+
 def measure_drift(
     start: CellMeasurement, end: CellMeasurement, *, n_boot: int, confidence: float, seed: int
 ) -> Drift:
-    """Compare two baseline measurements of one concurrency (see the module docstring)."""
+    """Compare two measurements of one cell (see the module docstring)."""
     if start.iterations and end.iterations:
         s_num, s_den = iteration_terms(start.iterations)
         e_num, e_den = iteration_terms(end.iterations)
@@ -91,6 +112,7 @@ def measure_drift(
     )
     return Drift(
         concurrency=start.concurrency,
+        k=start.k,
         start_ms_per_token=float(s_num.sum() / s_den.sum()),
         end_ms_per_token=float(e_num.sum() / e_den.sum()),
         ratio=ratio,

@@ -10,8 +10,8 @@ Order of work:
    for its ``k`` (the driver keeps it while consecutive cells share ``k``), runs the cell's
    trials through :func:`spectool.measure.runner.measure` (each trial appended to
    ``trials.jsonl`` the moment it ends) and pools them (:mod:`~spectool.tuning.trials`);
-4. the baseline at the smallest concurrency is measured once more (:mod:`~spectool.tuning.drift`):
-   a machine whose speed changed during the run is reported, not silently trusted;
+4. one early cell is measured once more (:mod:`~spectool.tuning.drift`): a machine whose speed
+   changed during the run is reported, not silently trusted;
 5. outputs: ``decision.json`` and the build files (:mod:`~spectool.tuning.deploy`),
    ``tune.json`` (:mod:`~spectool.tuning.record`), ``report.md`` (:mod:`~spectool.tuning.report`)
    and the PNG figures (:mod:`~spectool.tuning.plots`).
@@ -37,7 +37,7 @@ from spectool.errors import ChildProcessError_, SpectoolError
 from spectool.io import atomic_write_text
 from spectool.measure.client import StreamResult
 from spectool.measure.runner import Progress, TrialConfig, TrialResult, load_trials
-from spectool.tuning.drift import Drift, measure_drift
+from spectool.tuning.drift import Drift, drift_reference, measure_drift
 from spectool.tuning.driver import ServerDriver, ServerInfo
 from spectool.tuning.prompts import TunePrompts, tune_prompts
 from spectool.tuning.request import ResolvedTune
@@ -361,22 +361,22 @@ def run_tune(
         )
         drift = None
         if result.measured_now:  # something was measured in this run: check the machine
-            c1 = concs[0]
-            info = driver.serve(0)
+            c_ref, k_ref = drift_reference(result.measured_now, (concs[0], 0))
+            info = driver.serve(k_ref)
             ended = measure(
                 info.base_url,
                 info.model_name,
                 prompts.prompts,
-                [plan.drift_config(c1)],
+                [plan.drift_config(c_ref, k_ref)],
                 results_path=trials_path,
                 progress=hooks,
                 count_tokens=count_tokens,
                 metrics_interval_s=METRICS_INTERVAL_S,
             )
-            _check_requests(ended, f"baseline again (concurrency={c1})")
+            _check_requests(ended, f"cell again (concurrency={c_ref}, k={k_ref})")
             drift = measure_drift(
-                cells[(c1, 0)],
-                pooled_cell(ended, 0),
+                cells[(c_ref, k_ref)],
+                pooled_cell(ended, k_ref),
                 n_boot=req.n_boot,
                 confidence=req.confidence,
                 seed=req.seed,

@@ -61,11 +61,11 @@ class CellPlan:
         method = "none" if k == 0 else self.method
         return f"{self.engine} {method} k={k} #{repeat} setup={self.fingerprint}"
 
-    def drift_config(self, concurrency: int) -> TrialConfig:
-        """One more baseline trial at ``concurrency``, run after the search (label ``#drift``):
+    def drift_config(self, concurrency: int, k: int = 0) -> TrialConfig:
+        """One more trial of cell ``(concurrency, k)``, run after the search (label ``#drift``):
         compared with the first one it shows whether the machine's speed changed meanwhile."""
-        first = self.configs(concurrency, 0)[0]
-        return dataclasses.replace(first, label=self.label(0, "drift"))
+        first = self.configs(concurrency, k)[0]
+        return dataclasses.replace(first, label=self.label(k, "drift"))
 
     def configs(self, concurrency: int, k: int) -> list[TrialConfig]:
         """The ``repeats`` trials of cell ``(concurrency, k)``, in order."""

@@ -1,5 +1,5 @@
 """trtllm-serve / trtllm-build argv per release, executable lookup, and the /health readiness wait
-(against a real local HTTP server)."""
+every server child goes through (against a real local HTTP server)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from contextlib import contextmanager
 
 import pytest
 
-from spectool.errors import ChildProcessError_, ConfigError, EngineMissingError
+from spectool.deploy.supervise import poll_health
+from spectool.errors import ConfigError, EngineMissingError
 from spectool.trtllm.launch import (
     build_mode_for_method,
     build_serve_argv,
     build_trtllm_build_argv,
     find_trtllm_build,
     find_trtllm_serve,
-    wait_until_ready,
 )
 
 
@@ -184,25 +184,29 @@ def _server(not_ready_answers):
         server.server_close()
 
 
-def test_wait_until_ready_polls_until_200():
+def test_poll_health_polls_until_200():
     with _server(not_ready_answers=2) as (url, handler):
-        waited_s = wait_until_ready(url + "/", timeout_s=10, poll_interval_s=0.05)
+        wait = poll_health(url + "/health", timeout_s=10, interval_s=0.05)
+        assert (wait.outcome, wait.last) == ("ready", "HTTP 503")
         assert handler.calls == 3
-        assert 0.09 <= waited_s < 10
+        assert 0.09 <= wait.waited_s < 10
 
 
-def test_wait_until_ready_times_out():
+def test_poll_health_times_out():
     with _server(not_ready_answers=10**9) as (url, _):
         start = time.perf_counter()
-        with pytest.raises(ChildProcessError_, match="HTTP 503"):
-            wait_until_ready(url, timeout_s=0.3, poll_interval_s=0.05)
+        wait = poll_health(url + "/health", timeout_s=0.3, interval_s=0.05)
+        assert (wait.outcome, wait.last) == ("timeout", "HTTP 503")
+        assert 0.3 <= wait.waited_s < 3
         assert time.perf_counter() - start < 3
 
 
-def test_wait_until_ready_without_a_server_and_with_a_dead_process():
+def test_poll_health_without_a_server_a_dead_child_or_a_stop():
     with _server(0) as (url, _):
         pass  # closed: the port now refuses connections
-    with pytest.raises(ChildProcessError_, match="not ready after"):
-        wait_until_ready(url, timeout_s=0.3, poll_interval_s=0.05)
-    with pytest.raises(ChildProcessError_, match="exited"):
-        wait_until_ready(url, timeout_s=5, is_alive=lambda: False)
+    wait = poll_health(url, timeout_s=0.3, interval_s=0.05)
+    assert (wait.outcome, wait.last) == ("timeout", "ConnectError")
+    wait = poll_health(url, timeout_s=5, exit_code=lambda: 7)
+    assert (wait.outcome, wait.exit_code) == ("exited", 7)
+    wait = poll_health(url, timeout_s=5, stopped=lambda: True)
+    assert wait.outcome == "stopped"

@@ -12,6 +12,7 @@ from spectool.decide.cell import CellMeasurement
 from spectool.decide.latency import RequestRecord
 from spectool.errors import BadInputError
 from spectool.measure.runner import TrialResult
+from spectool.tuning.drift import drift_reference
 from spectool.tuning.prompts import BUILTIN, tune_prompts
 from spectool.tuning.request import (
     ENGINE_DEFAULTS,
@@ -182,3 +183,26 @@ def test_failed_trials_are_dropped_so_resume_measures_them_again(tmp_path: Path)
     assert drop_failed_trials(path, load_trials(path)) == 1
     assert path.read_text() == lines[0]
     assert drop_failed_trials(path, load_trials(path)) == 0
+
+
+def test_drift_reference_reuses_the_running_server_when_it_can() -> None:
+    # Plan: baselines, k=4 at c=1, k=1 at both ends; then k=1 and k=4 confirmed: k=4 still runs,
+    # and its first cell was measured long before: measure that one again, no restart.
+    order = [(1, 0), (2, 0), (1, 4), (1, 1), (2, 1), (2, 4)]
+    assert drift_reference(order, (1, 0)) == (1, 4)
+    # The running k was measured only at the end (nothing in between): the baseline again.
+    assert drift_reference([(1, 0), (2, 0), (1, 1), (2, 1)], (1, 0)) == (1, 0)
+    assert drift_reference([(1, 0), (1, 3), (2, 3)], (1, 0)) == (1, 0)
+    # ... unless the running k is the baseline's: its first cell is the reference.
+    assert drift_reference([(1, 0), (1, 3), (2, 0)], (1, 0)) == (1, 0)
+    assert drift_reference([(2, 0), (1, 3), (1, 0)], (1, 0)) == (2, 0)
+    assert drift_reference([], (1, 0)) == (1, 0)
+
+
+def test_drift_config_is_the_cells_first_trial_relabelled() -> None:
+    plan = CellPlan("torch", "draft_model", "fp", "wl", num_prompts=4, max_tokens=8, repeats=2)
+    again = plan.drift_config(2, 3)
+    first = plan.configs(2, 3)[0]
+    assert again.label.endswith(f"#drift setup={plan.fingerprint}") and "k=3" in again.label
+    assert (again.concurrency, again.num_prompts, again.max_tokens) == (2, 4, 8)
+    assert again.key() != first.key()
