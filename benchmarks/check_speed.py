@@ -25,11 +25,18 @@ TESTS = Path(__file__).resolve().parents[1] / "tests"
 def build(repo: str, dest: Path) -> Path:
     """Build a fixture folder in a child process, so this process stays small: a forked child
     starts with its parent's resident set, which would inflate the measured peak RSS."""
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from ckpt_factory import build_checkpoint;"
-            "print(build_checkpoint(sys.argv[2], __import__('pathlib').Path(sys.argv[3])))")
-    out = subprocess.run([sys.executable, "-c", code, str(TESTS), repo, str(dest)],
-                         capture_output=True, text=True, check=True)
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from ckpt_factory import build_checkpoint;"
+        "print(build_checkpoint(sys.argv[2], __import__('pathlib').Path(sys.argv[3])))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(TESTS), repo, str(dest)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return Path(out.stdout.strip())
+
 
 WALL_TARGET_S = 1.0
 RSS_TARGET_MB = 200.0
@@ -59,10 +66,14 @@ def main() -> int:
         walls = walls[1:]
         median = statistics.median(walls)
         peak = max(rss)
-        print(f"check Llama-3.1-8B + EAGLE3 head: wall median {median:.3f} s "
-              f"(min {min(walls):.3f}, max {max(walls):.3f}, {args.runs} runs); peak RSS {peak:.0f} MB")
-        print(f"targets: wall < {WALL_TARGET_S} s -> {'met' if median < WALL_TARGET_S else 'MISSED'}; "
-              f"RSS < {RSS_TARGET_MB} MB -> {'met' if peak < RSS_TARGET_MB else 'MISSED'}")
+        print(
+            f"check Llama-3.1-8B + EAGLE3 head: wall median {median:.3f} s "
+            f"(min {min(walls):.3f}, max {max(walls):.3f}, {args.runs} runs); peak RSS {peak:.0f} MB"
+        )
+        print(
+            f"targets: wall < {WALL_TARGET_S} s -> {'met' if median < WALL_TARGET_S else 'MISSED'}; "
+            f"RSS < {RSS_TARGET_MB} MB -> {'met' if peak < RSS_TARGET_MB else 'MISSED'}"
+        )
         return 0 if median < WALL_TARGET_S and peak < RSS_TARGET_MB else 1
 
 

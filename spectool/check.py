@@ -130,9 +130,14 @@ def run_check(req: CheckRequest) -> CheckReport:
             "--engine", f"unknown engine {req.engine!r}; choose from {', '.join(ENGINES)}"
         )
     if req.method != "auto" and req.method not in METHODS:
-        raise BadInputError("--method", f"unknown method {req.method!r}; choose from auto, {', '.join(METHODS)}")
+        raise BadInputError(
+            "--method", f"unknown method {req.method!r}; choose from auto, {', '.join(METHODS)}"
+        )
     if req.trtllm_backend not in ("pytorch", "tensorrt"):
-        raise BadInputError("--trtllm-backend", f"unknown backend {req.trtllm_backend!r}; choose pytorch or tensorrt")
+        raise BadInputError(
+            "--trtllm-backend",
+            f"unknown backend {req.trtllm_backend!r}; choose pytorch or tensorrt",
+        )
     if req.tp < 1:
         raise BadInputError("--tp", f"must be 1 or more, got {req.tp}")
     target_ref, drafter_ref, method, max_draft_len, profile = expand_profile(req)

@@ -22,7 +22,13 @@ SHARED = (REPO_ROOT / ".." / "shared").resolve()
 CKPT_FIXTURES = SHARED / "fixtures" / "ckpt"
 TOKENIZERS = SHARED / "fixtures" / "tokenizers"
 
-_ST_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "int64": "I64", "bool": "BOOL"}
+_ST_DTYPES = {
+    "bfloat16": "BF16",
+    "float16": "F16",
+    "float32": "F32",
+    "int64": "I64",
+    "bool": "BOOL",
+}
 _BYTES = {"BF16": 2, "F16": 2, "F32": 4, "I64": 8, "BOOL": 1, "F8_E4M3": 1}
 
 
@@ -109,8 +115,13 @@ def write_torch_bin(path: Path, tensors: dict[str, tuple[str, list[int]]]) -> No
     """A real torch zip checkpoint whose tensors are stride-0 views of one stored element."""
     import torch
 
-    dtypes = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32,
-              "I64": torch.int64, "BOOL": torch.bool}
+    dtypes = {
+        "F16": torch.float16,
+        "BF16": torch.bfloat16,
+        "F32": torch.float32,
+        "I64": torch.int64,
+        "BOOL": torch.bool,
+    }
     state = {n: torch.zeros(1, dtype=dtypes[d]).expand(*s) for n, (d, s) in tensors.items()}
     torch.save(state, path)
 
@@ -158,7 +169,9 @@ def build_checkpoint(repo_id: str, dest: Path, *, tokenizer: bool = True) -> Pat
         if len(files) == 1 and "..." in files[0]:  # "model-00001-of-000163 ... model-00163-of-..."
             last = re.findall(r"model-(\d+)-of-(\d+)", files[0])[-1]
             width, count = len(last[1]), int(last[1])
-            files = [f"model-{i:0{width}d}-of-{count:0{width}d}.safetensors" for i in range(1, count + 1)]
+            files = [
+                f"model-{i:0{width}d}-of-{count:0{width}d}.safetensors" for i in range(1, count + 1)
+            ]
         names = list(tensors)
         per = math.ceil(len(names) / len(files))
         weight_map: dict[str, str] = {}

@@ -23,25 +23,50 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 
 def test_compatible_pair_json(make_ckpt, capsys) -> None:
-    code, out, err = run(capsys, "check", str(make_ckpt(LLAMA)), str(make_ckpt(EAGLE3)), "--engine", "none", "--json")
+    code, out, err = run(
+        capsys, "check", str(make_ckpt(LLAMA)), str(make_ckpt(EAGLE3)), "--engine", "none", "--json"
+    )
     assert code == 0, err
     report = json.loads(out)
-    assert report["verdict"] == "compatible" and report["method"] == "eagle3" and report["engine"] == "none"
+    assert (
+        report["verdict"] == "compatible"
+        and report["method"] == "eagle3"
+        and report["engine"] == "none"
+    )
     assert report["target"]["kind"] == "causal_lm" and report["drafter"]["kind"] == "eagle3"
     assert {"code", "severity", "message", "hint"} <= set(report["findings"][0])
     assert report["memory"] is None  # no GPU here and none named
 
 
 def test_incompatible_pair_exit_1_and_table(make_ckpt, capsys) -> None:
-    code, out, _ = run(capsys, "check", str(make_ckpt(LLAMA)), str(make_ckpt("yuhuili/EAGLE-LLaMA3-Instruct-8B")),
-                       "--method", "eagle3", "--engine", "none")
+    code, out, _ = run(
+        capsys,
+        "check",
+        str(make_ckpt(LLAMA)),
+        str(make_ckpt("yuhuili/EAGLE-LLaMA3-Instruct-8B")),
+        "--method",
+        "eagle3",
+        "--engine",
+        "none",
+    )
     assert code == 1
     assert "WRONG_EAGLE_GENERATION_EAGLE1_AS_EAGLE3" in out and "incompatible" in out
 
 
 def test_memory_estimate_and_budget(make_ckpt, capsys) -> None:
-    code, out, _ = run(capsys, "check", str(make_ckpt(LLAMA)), str(make_ckpt(EAGLE3)), "--engine", "none",
-                       "--gpu", "h100-sxm", "--max-seq-len", "8192", "--json")
+    code, out, _ = run(
+        capsys,
+        "check",
+        str(make_ckpt(LLAMA)),
+        str(make_ckpt(EAGLE3)),
+        "--engine",
+        "none",
+        "--gpu",
+        "h100-sxm",
+        "--max-seq-len",
+        "8192",
+        "--json",
+    )
     mem = json.loads(out)["memory"]
     assert code == 0
     assert mem["target_weight_bytes"] == 16060522496
@@ -49,9 +74,34 @@ def test_memory_estimate_and_budget(make_ckpt, capsys) -> None:
     assert mem["target_kv_bytes_per_token"] == 131072
     assert 0 < mem["sequences_with_drafter"] < mem["sequences_without_drafter"]
     ds = str(make_ckpt("deepseek-ai/DeepSeek-V3"))
-    code, out, _ = run(capsys, "check", ds, "self", "--method", "mtp", "--engine", "none", "--gpu", "h100-sxm", "--json")
+    code, out, _ = run(
+        capsys,
+        "check",
+        ds,
+        "self",
+        "--method",
+        "mtp",
+        "--engine",
+        "none",
+        "--gpu",
+        "h100-sxm",
+        "--json",
+    )
     assert code == 1 and "MEMORY_BUDGET" in {f["code"] for f in json.loads(out)["findings"]}
-    code, out, _ = run(capsys, "check", ds, "--method", "mtp", "--engine", "none", "--gpu", "h200", "--tp", "8", "--json")
+    code, out, _ = run(
+        capsys,
+        "check",
+        ds,
+        "--method",
+        "mtp",
+        "--engine",
+        "none",
+        "--gpu",
+        "h200",
+        "--tp",
+        "8",
+        "--json",
+    )
     report = json.loads(out)
     assert code == 0, report["findings"]
     # MLA: 61 layers x (512 + 64) x 2 bytes, not split by TP.
@@ -59,11 +109,26 @@ def test_memory_estimate_and_budget(make_ckpt, capsys) -> None:
 
 
 def test_embedded_engine_rules(make_ckpt, capsys) -> None:
-    code, out, _ = run(capsys, "check", str(make_ckpt(LLAMA)), str(make_ckpt(EAGLE3)), "--engine", "torch", "--json")
+    code, out, _ = run(
+        capsys,
+        "check",
+        str(make_ckpt(LLAMA)),
+        str(make_ckpt(EAGLE3)),
+        "--engine",
+        "torch",
+        "--json",
+    )
     assert code == 1
     assert "UNSUPPORTED_BY_ENGINE" in {f["code"] for f in json.loads(out)["findings"]}
-    code, out, _ = run(capsys, "check", str(make_ckpt(LLAMA)), str(make_ckpt("meta-llama/Llama-3.2-1B-Instruct")),
-                       "--engine", "torch", "--json")
+    code, out, _ = run(
+        capsys,
+        "check",
+        str(make_ckpt(LLAMA)),
+        str(make_ckpt("meta-llama/Llama-3.2-1B-Instruct")),
+        "--engine",
+        "torch",
+        "--json",
+    )
     assert code == 0, out
 
 
@@ -95,14 +160,21 @@ def test_malformed_and_hostile_files_exit_2(make_ckpt, tmp_path: Path, capsys) -
 
 
 def test_help_imports_neither_torch_nor_transformers() -> None:
-    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "spectool.cli.app", "--help"],
-                         capture_output=True, text=True, check=True, env={**os.environ, "COLUMNS": "120"})
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "spectool.cli.app", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "COLUMNS": "120"},
+    )
     modules = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if "|" in line}
     assert "check" in out.stdout
     assert not {"torch", "transformers", "fastapi", "uvicorn", "matplotlib"} & modules
 
 
-@pytest.mark.parametrize("argv", [["check", "--bogus"], ["check", "--tp", "many"], ["nosuchcommand"]])
+@pytest.mark.parametrize(
+    "argv", [["check", "--bogus"], ["check", "--tp", "many"], ["nosuchcommand"]]
+)
 def test_usage_errors_exit_2_without_traceback(capsys, argv: list[str]) -> None:
     code, _, err = run(capsys, *argv)
     assert code == 2

@@ -20,7 +20,11 @@ PAIRS = json.loads((CKPT_FIXTURES / "expected_pairs.json").read_text())["pairs"]
 @pytest.mark.parametrize("pair", PAIRS, ids=[p["id"] for p in PAIRS])
 def test_expected_pairs(make_ckpt, pair: dict) -> None:
     target = inspect_folder(make_ckpt(pair["target"]), pair["target"])
-    drafter = None if pair["drafter"] == "self" else inspect_folder(make_ckpt(pair["drafter"]), pair["drafter"])
+    drafter = (
+        None
+        if pair["drafter"] == "self"
+        else inspect_folder(make_ckpt(pair["drafter"]), pair["drafter"])
+    )
     findings = check_pair(target, drafter, pair["method"])
     errors = sorted(f.code for f in findings if f.severity is Severity.ERROR)
     assert errors == sorted(pair["reasons"])
@@ -43,7 +47,9 @@ def test_auto_method_reads_the_weights(make_ckpt) -> None:
     assert resolve_method("auto", target, None) == "ngram"
 
 
-def _variant(make_ckpt, tmp_path: Path, repo: str, name: str, tokenizer_keep: int | None, **config) -> Path:
+def _variant(
+    make_ckpt, tmp_path: Path, repo: str, name: str, tokenizer_keep: int | None, **config
+) -> Path:
     dest = tmp_path / name
     shutil.copytree(make_ckpt(repo), dest)
     cfg = json.loads((dest / "config.json").read_text())
@@ -62,12 +68,18 @@ def test_padded_vocab_and_superset_warnings(make_ckpt, tmp_path: Path) -> None:
     codes = {f.code: f for f in findings}
     assert not [f for f in findings if f.severity is Severity.ERROR]
     assert {"PADDED_VOCAB_DIFFERS", "TOKENIZER_SUPERSET"} <= set(codes)
-    assert "152064" in codes["PADDED_VOCAB_DIFFERS"].message and "151936" in codes["PADDED_VOCAB_DIFFERS"].message
+    assert (
+        "152064" in codes["PADDED_VOCAB_DIFFERS"].message
+        and "151936" in codes["PADDED_VOCAB_DIFFERS"].message
+    )
     # The converse: a Qwen3 target with a Qwen2.5-tokenizer drafter -> the target is the superset.
     old = _variant(make_ckpt, tmp_path, "Qwen/Qwen3-0.6B", "q25-draft", 151665)
     target3 = inspect_folder(make_ckpt("Qwen/Qwen3-8B"))
     f2 = {f.code: f for f in check_pair(target3, inspect_folder(old), "draft_model")}
-    assert "TOKENIZER_SUPERSET" in f2 and "4 tokens the drafter never saw" in f2["TOKENIZER_SUPERSET"].message
+    assert (
+        "TOKENIZER_SUPERSET" in f2
+        and "4 tokens the drafter never saw" in f2["TOKENIZER_SUPERSET"].message
+    )
 
 
 def test_eagle3_reduced_vocab_needs_d2t(make_ckpt, tmp_path: Path) -> None:
@@ -76,7 +88,9 @@ def test_eagle3_reduced_vocab_needs_d2t(make_ckpt, tmp_path: Path) -> None:
     tensors, _ = fixture_tensors("yuhuili/EAGLE3-LLaMA3.1-Instruct-8B")
     dest = tmp_path / "no-d2t"
     dest.mkdir()
-    shutil.copy(make_ckpt("yuhuili/EAGLE3-LLaMA3.1-Instruct-8B") / "config.json", dest / "config.json")
+    shutil.copy(
+        make_ckpt("yuhuili/EAGLE3-LLaMA3.1-Instruct-8B") / "config.json", dest / "config.json"
+    )
     write_torch_bin(dest / "pytorch_model.bin", {k: v for k, v in tensors.items() if k != "d2t"})
     target = inspect_folder(make_ckpt("meta-llama/Llama-3.1-8B-Instruct"))
     codes = {f.code for f in check_pair(target, inspect_folder(dest), "eagle3")}
@@ -87,8 +101,12 @@ def test_mtp_draft_len_and_base_model(make_ckpt) -> None:
     ds = inspect_folder(make_ckpt("deepseek-ai/DeepSeek-V3"))
     f = {x.code: x for x in check_pair(ds, None, "mtp", max_draft_len=3)}
     assert "MTP_DRAFT_LEN" in f and "replays" in f["MTP_DRAFT_LEN"].message
-    target = inspect_folder(make_ckpt("meta-llama/Llama-2-7b-chat-hf"), "meta-llama/Llama-2-7b-chat-hf")
+    target = inspect_folder(
+        make_ckpt("meta-llama/Llama-2-7b-chat-hf"), "meta-llama/Llama-2-7b-chat-hf"
+    )
     head = inspect_folder(make_ckpt("yuhuili/EAGLE-llama2-chat-7B"))
-    object.__setattr__(head, "config", {**head.config, "base_model_name_or_path": "lmsys/vicuna-7b-v1.3"})
+    object.__setattr__(
+        head, "config", {**head.config, "base_model_name_or_path": "lmsys/vicuna-7b-v1.3"}
+    )
     codes = {x.code for x in check_pair(target, head, "eagle") if x.severity is Severity.ERROR}
     assert codes == {"BASE_MODEL_MISMATCH"}

@@ -81,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         # Usage errors (click's ClickException: unknown option, bad value) arrive here in
         # non-standalone mode. typer bundles its own copy of click, so match by behaviour.
-        if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int):
+        if callable(getattr(exc, "show", None)) and isinstance(
+            getattr(exc, "exit_code", None), int
+        ):
             exc.show()
             return 2
         raise

@@ -450,8 +450,11 @@ async def _completion_events(
                     finish_reason=delta.finish_reason,
                     token_ids=list(delta.token_ids) if body.return_token_ids else None,
                 )
-                usage = (Usage.of(stream.prompt_len, delta.num_output_tokens)
-                         if body.continuous_usage else None)
+                usage = (
+                    Usage.of(stream.prompt_len, delta.num_output_tokens)
+                    if body.continuous_usage
+                    else None
+                )
                 yield _sse(
                     CompletionResponse(
                         id=rid, created=created, model=model, choices=[choice], usage=usage

@@ -205,4 +205,3 @@ def build_mode_for_method(method: str) -> str:
             f"method {method!r}",
             f"has no TensorRT engine mode; engine methods: {', '.join(BUILD_MODES)}",
         ) from None
-

@@ -38,10 +38,14 @@ def test_matches_safetensors_library(tmp_path: Path) -> None:
     assert ours["a.weight"].dtype == "F32" and ours["a.weight"].nbytes == 48
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     st.dictionaries(
-        st.text(alphabet="abcdefghij._0123456789", min_size=1, max_size=12).filter(lambda s: s != "__metadata__"),
+        st.text(alphabet="abcdefghij._0123456789", min_size=1, max_size=12).filter(
+            lambda s: s != "__metadata__"
+        ),
         st.tuples(st.sampled_from(sorted(NP_DTYPES)), st.lists(st.integers(0, 5), max_size=3)),
         max_size=6,
     )
@@ -56,7 +60,9 @@ def test_property_roundtrip(tmp_path: Path, spec: dict) -> None:
     }
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(st.binary(max_size=64))
 def test_property_random_bytes_never_crash(tmp_path: Path, blob: bytes) -> None:
     path = tmp_path / "r.safetensors"
@@ -70,18 +76,45 @@ def test_property_random_bytes_never_crash(tmp_path: Path, blob: bytes) -> None:
 @pytest.mark.parametrize(
     ("header", "length", "data", "problem"),
     [
-        (b'{"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}', 10_000, b"", "truncated"),
+        (
+            b'{"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}',
+            10_000,
+            b"",
+            "truncated",
+        ),
         (b"{}", 100 * 1024 * 1024 + 1, b"", "over the"),
         (b"[1, 2, 3]", None, b"", "not a JSON object"),
         (b"not json", None, b"", "not valid JSON"),
-        (b'{"a": {"dtype": "F99", "shape": [2], "data_offsets": [0, 8]}}', None, b"\0" * 8, "unknown dtype"),
-        (b'{"a": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}}', None, b"\0" * 8, "shape"),
-        (b'{"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 8]}}', None, b"\0" * 8, "needs 16"),
-        (b'{"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}', None, b"\0" * 4, "beyond the file"),
+        (
+            b'{"a": {"dtype": "F99", "shape": [2], "data_offsets": [0, 8]}}',
+            None,
+            b"\0" * 8,
+            "unknown dtype",
+        ),
+        (
+            b'{"a": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}}',
+            None,
+            b"\0" * 8,
+            "shape",
+        ),
+        (
+            b'{"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 8]}}',
+            None,
+            b"\0" * 8,
+            "needs 16",
+        ),
+        (
+            b'{"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}',
+            None,
+            b"\0" * 4,
+            "beyond the file",
+        ),
         (b'{"a": 5}', None, b"", "not an object"),
     ],
 )
-def test_hostile_headers(tmp_path: Path, header: bytes, length: int | None, data: bytes, problem: str) -> None:
+def test_hostile_headers(
+    tmp_path: Path, header: bytes, length: int | None, data: bytes, problem: str
+) -> None:
     path = _write_raw(tmp_path / "h.safetensors", header, data, length)
     with pytest.raises(CheckpointError, match=problem) as info:
         read_safetensors_header(path)

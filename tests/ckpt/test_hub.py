@@ -27,16 +27,27 @@ def _snapshot(hf_home: Path, repo: str, src: Path, files: list[str]) -> Path:
 
 
 def _run(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**os.environ, **env}, check=False, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        check=False,
+        timeout=120,
+    )
 
 
 def test_offline_cached_repo_with_local_headers(make_ckpt, tmp_path: Path) -> None:
     src = make_ckpt("Qwen/Qwen3-0.6B")
-    _snapshot(tmp_path, "Qwen/Qwen3-0.6B", src, ["config.json", "tokenizer.json", "model.safetensors"])
+    _snapshot(
+        tmp_path, "Qwen/Qwen3-0.6B", src, ["config.json", "tokenizer.json", "model.safetensors"]
+    )
     env = {"HF_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1", "SPECTOOL_CACHE": str(tmp_path / "sc")}
-    out = _run("from spectool.ckpt.refs import resolve_checkpoint as r; c = r('Qwen/Qwen3-0.6B');"
-               "print(c.kind, c.revision, c.tokenizer.size, len(c.tensors))", env)
+    out = _run(
+        "from spectool.ckpt.refs import resolve_checkpoint as r; c = r('Qwen/Qwen3-0.6B');"
+        "print(c.kind, c.revision, c.tokenizer.size, len(c.tensors))",
+        env,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["causal_lm", SHA, "151669", "310"]
 
@@ -52,15 +63,25 @@ def test_offline_tensor_table_from_spectool_cache(tmp_path: Path) -> None:
     table = {n: [d, s, "pytorch_model.bin"] for n, (d, s) in tensors.items()}
     (cache / f"{repo.replace('/', '--')}--{SHA}.json").write_text(json.dumps(table))
     env = {"HF_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1", "SPECTOOL_CACHE": str(tmp_path / "sc")}
-    out = _run(f"from spectool.ckpt.refs import resolve_checkpoint as r; print(r('{repo}').kind)", env)
+    out = _run(
+        f"from spectool.ckpt.refs import resolve_checkpoint as r; print(r('{repo}').kind)", env
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "eagle3"
 
 
 def test_offline_and_not_cached_is_one_clear_line(tmp_path: Path) -> None:
     env = {"HF_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run([sys.executable, "-m", "spectool.cli.app", "check", "nobody/nothing", "--engine", "none"],
-                         capture_output=True, text=True, env={**os.environ, **env}, check=False, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "spectool.cli.app", "check", "nobody/nothing", "--engine", "none"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        check=False,
+        timeout=120,
+    )
     assert out.returncode == 2
-    assert out.stderr.count("\n") == 1 and "nobody/nothing" in out.stderr and "offline" in out.stderr
+    assert (
+        out.stderr.count("\n") == 1 and "nobody/nothing" in out.stderr and "offline" in out.stderr
+    )
     assert "Traceback" not in out.stderr

@@ -50,7 +50,11 @@ def _copy_config(repo: str, dest: Path, **changes: object) -> dict:
 
 def test_eagle3_export_renaming_midlayer_is_still_eagle3(tmp_path: Path) -> None:
     tensors, _ = fixture_tensors("yuhuili/EAGLE3-LLaMA3.1-Instruct-8B")
-    renamed = {k.replace("midlayer.", "layers.0."): v for k, v in tensors.items() if k not in ("d2t", "t2d")}
+    renamed = {
+        k.replace("midlayer.", "layers.0."): v
+        for k, v in tensors.items()
+        if k not in ("d2t", "t2d")
+    }
     folder = tmp_path / "e3"
     _copy_config("yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", folder, draft_vocab_size=None)
     write_safetensors(folder / "model.safetensors", renamed)
@@ -75,8 +79,15 @@ def test_mtp_only_by_tensors_and_declared_but_stripped(tmp_path: Path) -> None:
 def test_medusa_heads(tmp_path: Path) -> None:
     folder = tmp_path / "medusa"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"medusa_num_heads": 2, "hidden_size": 64,
-                                                    "base_model_name_or_path": "lmsys/vicuna-7b-v1.3"}))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "medusa_num_heads": 2,
+                "hidden_size": 64,
+                "base_model_name_or_path": "lmsys/vicuna-7b-v1.3",
+            }
+        )
+    )
     tensors = {}
     for h in range(2):
         tensors[f"{h}.0.linear.weight"] = ("F16", [64, 64])

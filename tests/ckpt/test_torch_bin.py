@@ -38,7 +38,8 @@ def test_reads_real_state_dicts(tmp_path: Path) -> None:
 
 def test_medusa_module_list_state_dict(tmp_path: Path) -> None:
     heads = torch.nn.ModuleList(
-        torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 10, bias=False)) for _ in range(3)
+        torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 10, bias=False))
+        for _ in range(3)
     )
     torch.save(heads.state_dict(), tmp_path / "medusa_lm_head.pt")
     got = read_torch_bin(tmp_path / "medusa_lm_head.pt")
@@ -50,7 +51,9 @@ class _Evil:
         return (os.system, ("touch PWNED",))
 
 
-def test_hostile_pickle_is_refused_and_not_executed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hostile_pickle_is_refused_and_not_executed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as zf:
@@ -81,11 +84,19 @@ def test_not_a_state_dict(tmp_path: Path) -> None:
         read_torch_bin(tmp_path / "list.bin")
 
 
-_TORCH_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I64": torch.int64,
-                 "BOOL": torch.bool, "U8": torch.uint8}
+_TORCH_DTYPES = {
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "BOOL": torch.bool,
+    "U8": torch.uint8,
+}
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     st.dictionaries(
         st.text(alphabet="abcdefgh._0123456789", min_size=1, max_size=10),
@@ -98,4 +109,6 @@ def test_property_roundtrip_with_torch_save(tmp_path: Path, spec: dict) -> None:
     path = tmp_path / "p.bin"
     torch.save(state, path)
     got = read_torch_bin(path)
-    assert {k: (v.dtype, v.shape) for k, v in got.items()} == {k: (d, tuple(s)) for k, (d, s) in spec.items()}
+    assert {k: (v.dtype, v.shape) for k, v in got.items()} == {
+        k: (d, tuple(s)) for k, (d, s) in spec.items()
+    }

@@ -184,8 +184,13 @@ def test_token_id_prompt_and_ignore_eos(client: TestClient, reference: Engine) -
 def test_continuous_usage_counts_tokens_per_chunk(client: TestClient) -> None:
     """vLLM's continuous_usage_stats: every chunk carries the running usage, so a client can
     count the several tokens one speculative step delivers in one chunk."""
-    body = {"prompt": "The draft model proposes", "max_tokens": 24, "temperature": 0, "ignore_eos": True,
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    body = {
+        "prompt": "The draft model proposes",
+        "max_tokens": 24,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
     events = _stream(client, "/v1/completions", body)
     chunks = events[:-2]
     counts = [c["usage"]["completion_tokens"] for c in chunks]
