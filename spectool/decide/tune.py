@@ -15,10 +15,15 @@ an earlier, interrupted run are passed in and never measured again. The search, 
    known at two draft lengths and two batch sizes; :func:`~spectool.decide.model.fit_step_cost`
    fits it.
 4. **Predict** the per-token ratio of every cell and the best ``k`` per concurrency.
-5. **Confirm**: measure the predicted best cell at every concurrency where it is predicted to pay
-   (or to come within ``close_margin`` of paying), and its neighbours ``k +- 1`` when their
-   prediction is within ``close_margin`` of the best. These cells are measured grouped by ``k``
-   (:func:`server_order`): each draft length is one server start, minutes for TensorRT-LLM.
+5. **Confirm**: the schedule's first value caps every other (it is ``max_draft_len``), so the
+   predictions first give the best writable first value ``k1``
+   (:func:`predicted_writable_first`); then, at every concurrency where some ``k <= k1`` is
+   predicted to pay (or to come within ``close_margin`` of paying), one cell predicted within
+   ``close_margin`` of that concurrency's best ``k <= k1`` is measured (``k1`` itself at the
+   first concurrency). Every draft length is a server start (minutes for TensorRT-LLM), so the
+   draft lengths are chosen to be few (:func:`confirmation_cells`: a greedy hitting set, cells
+   already measured first) and their cells are measured grouped by ``k``
+   (:func:`server_order`).
 6. **Decide** from measurements only, every measured cell included (finished ones too): at each
    concurrency, among the cells whose bootstrap interval lies below 1 (``pays``), the one with the
    lowest measured step cost over tokens per step from acceptance pooled across the
@@ -212,7 +217,7 @@ def tune(
     seed: int = 0,
     acceptance_concurrencies: int = 1,
     cost_concurrencies: int = 2,
-    close_margin: float = 0.05,
+    close_margin: float = 0.02,
     min_gain: float = 0.0,
     accept_inconclusive: bool = False,
     semantics: ScheduleSemantics = "up_to",
@@ -274,13 +279,12 @@ def tune(
             model, alphas, max_draft_len, base_step_ms=base_step, batch_by_concurrency=batch
         )
         predicted_choices = choose_k(predictions, min_gain=min_gain)
-        wanted = [
-            key
-            for c in concs
-            for key in _confirm_keys(
-                c, [p for p in predictions if p.concurrency == c and p.k > 0], close_margin
-            )
+        # Confirm the predicted best *writable* choices: none above the first concurrency's.
+        k1 = predicted_writable_first(predictions, concs)
+        writable = [
+            p for p in predictions if 0 < p.k <= k1 and (p.concurrency != concs[0] or p.k == k1)
         ]
+        wanted = confirmation_cells(writable, close_margin, measured=set(cells))
         for key in server_order(wanted, last_k=plan[-1][1]):
             get(*key)
     else:
@@ -371,22 +375,74 @@ def tune(
     )
 
 
-def _confirm_keys(
-    concurrency: int, predictions: Sequence[CellPrediction], close_margin: float
+def predicted_writable_first(
+    predictions: Sequence[CellPrediction], concurrencies: Sequence[int]
+) -> int:
+    """The first concurrency's draft length that the predictions say is best for the whole
+    schedule: no concurrency may use more (it is ``max_draft_len``), so for each candidate
+    ``k1`` every other concurrency takes its best predicted ``k <= k1`` (or off, ratio 1) and
+    the lowest sum of predicted ratios wins (ties to the smaller ``k1``; 0 = off)."""
+    pred = {(p.concurrency, p.k): p.ratio for p in predictions if p.k > 0}
+    first, rest = concurrencies[0], concurrencies[1:]
+
+    def total(k1: int) -> float:
+        if k1 == 0:
+            return float(len(concurrencies))
+        return pred.get((first, k1), math.inf) + sum(
+            min([1.0] + [r for (c2, k), r in pred.items() if c2 == c and k <= k1]) for c in rest
+        )
+
+    return min([0, *sorted({k for c, k in pred if c == first})], key=lambda k1: (total(k1), k1))
+
+
+def confirmation_cells(
+    predictions: Sequence[CellPrediction],
+    close_margin: float,
+    *,
+    measured: set[CellKey] | frozenset[CellKey] = frozenset(),
 ) -> list[CellKey]:
-    """The predicted best cell (if it may pay) and its close neighbours, to be measured."""
-    if not predictions:
-        return []
-    by_k = {p.k: p for p in predictions}
-    best = min(predictions, key=lambda p: (p.ratio, p.k))
-    if best.ratio >= 1.0 + close_margin:
-        return []
-    keys = [(concurrency, best.k)]
-    for k in (best.k - 1, best.k + 1):
-        p = by_k.get(k)
-        if p is not None and p.ratio <= best.ratio * (1.0 + close_margin):
-            keys.append((concurrency, k))
-    return keys
+    """One cell per concurrency to measure, with as few distinct draft lengths as the
+    predictions allow.
+
+    A concurrency's *candidates* are the ``k >= 1`` predicted within ``close_margin`` of its
+    best prediction; none when even the best is predicted above ``1 + close_margin`` (nothing to
+    confirm: speculation stays off there unless a measured cell pays). A concurrency whose
+    candidate cell is already ``measured`` needs nothing. The others are covered greedily: the
+    draft length that is a candidate at the most uncovered concurrencies first (ties: the lower
+    sum of predicted ratios, then the smaller ``k``); each concurrency then gets its
+    best-predicted chosen candidate. Confirming a near-best cell instead of the best costs at
+    most ``close_margin`` by the model's own account, and saves a server start per draft length.
+    """
+    by_c: dict[int, dict[int, float]] = {}
+    for p in predictions:
+        if p.k > 0:
+            by_c.setdefault(p.concurrency, {})[p.k] = p.ratio
+    candidates: dict[int, dict[int, float]] = {}
+    for c, ratios in sorted(by_c.items()):
+        best = min(ratios.values())
+        if best >= 1.0 + close_margin:
+            continue
+        near = {k: r for k, r in ratios.items() if r <= best * (1.0 + close_margin)}
+        if not any((c, k) in measured for k in near):
+            candidates[c] = near
+    chosen: set[int] = set()
+    uncovered = set(candidates)
+    while uncovered:
+        options = {k for c in uncovered for k in candidates[c]}
+        k_pick = min(
+            options,
+            key=lambda k: (
+                -sum(k in candidates[c] for c in uncovered),
+                sum(candidates[c][k] for c in uncovered if k in candidates[c]),
+                k,
+            ),
+        )
+        chosen.add(k_pick)
+        uncovered = {c for c in uncovered if k_pick not in candidates[c]}
+    return [
+        (c, min((k for k in near if k in chosen), key=lambda k: (near[k], k)))
+        for c, near in sorted(candidates.items())
+    ]
 
 
 def server_order(keys: Sequence[CellKey], *, last_k: int | None = None) -> list[CellKey]:

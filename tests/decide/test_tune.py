@@ -8,8 +8,15 @@ from dataclasses import replace
 import pytest
 
 from spectool.decide.cell import CellMeasurement
-from spectool.decide.model import draft_len_for_batch
-from spectool.decide.tune import initial_plan, server_order, spread, tune
+from spectool.decide.model import CellPrediction, draft_len_for_batch
+from spectool.decide.tune import (
+    confirmation_cells,
+    initial_plan,
+    predicted_writable_first,
+    server_order,
+    spread,
+    tune,
+)
 from spectool.errors import BadInputError
 
 from .world import World
@@ -222,6 +229,44 @@ def test_server_order_groups_cells_by_draft_length() -> None:
     # The server already running goes first.
     assert server_order(keys, last_k=3) == [(1, 3), (2, 3), (4, 1), (1, 2), (2, 2)]
     assert server_order([], last_k=1) == []
+
+
+def _predictions(ratios: dict[int, list[float]]) -> list[CellPrediction]:
+    return [
+        CellPrediction(c, k, float(c), 10.0, 10.0 * r, 1.0, 10.0 * r, r)
+        for c, row in ratios.items()
+        for k, r in enumerate(row, start=1)
+    ]
+
+
+def test_confirmation_cells_use_few_draft_lengths() -> None:
+    preds = _predictions(
+        {
+            1: [0.90, 0.70, 0.62, 0.60],  # best 4; 3 within 5%
+            2: [0.85, 0.66, 0.61, 0.63],  # best 3; 4 within 5%
+            4: [0.80, 0.75, 0.77, 0.90],  # best 2; 3 within 5%
+            8: [0.99, 1.10, 1.20, 1.30],  # best 1
+            16: [1.06, 1.20, 1.30, 1.40],  # nothing comes within 5% of paying: no cell
+        }
+    )
+    # k=3 is near-best at 1, 2 and 4: one server instead of three.
+    assert confirmation_cells(preds, 0.05) == [(1, 3), (2, 3), (4, 3), (8, 1)]
+    # A concurrency whose near-best cell was measured already needs nothing.
+    assert confirmation_cells(preds, 0.05, measured={(1, 4), (8, 1)}) == [(2, 3), (4, 3)]
+    # With no margin every concurrency gets its own predicted best.
+    assert confirmation_cells(preds, 0.0) == [(1, 4), (2, 3), (4, 2), (8, 1)]
+    assert confirmation_cells([], 0.05) == []
+
+
+def test_predicted_writable_first_value() -> None:
+    # Concurrency 1 alone would take k=1, concurrency 4 wants k=3: capping 4 at 1 costs more
+    # than raising 1 to 2 (0.80 + 0.60 < 0.75 + 0.90).
+    preds = _predictions({1: [0.75, 0.80, 0.95], 4: [0.90, 0.60, 0.55]})
+    assert predicted_writable_first(preds, (1, 4)) == 2
+    # Nothing predicted to pay at the first concurrency and little elsewhere: off.
+    preds = _predictions({1: [1.20, 1.30], 4: [0.99, 1.10]})
+    assert predicted_writable_first(preds, (1, 4)) == 0
+    assert predicted_writable_first([], (1, 4)) == 0
 
 
 def test_bad_calls_are_refused() -> None:
