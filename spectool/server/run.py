@@ -6,14 +6,21 @@ picks a free port the caller can read back. uvicorn handles SIGINT and SIGTERM: 
 accepting connections, lets in-flight requests finish for up to ``GRACEFUL_SHUTDOWN_S``, then
 the app's shutdown stops the engine thread. A model that fails to load stops the server and is
 raised again from :func:`serve`.
+
+After a stop signal :func:`serve` decides the ending itself: SIGINT raises KeyboardInterrupt
+(the CLI exits 130), SIGTERM returns (exit 0). uvicorn would instead re-raise the captured
+signal from inside its event loop, where asyncio's runner may turn the KeyboardInterrupt into a
+normal return, so the exit code depended on timing.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import signal
 import socket
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -60,6 +67,20 @@ def _log_config(log_level: str) -> dict[str, Any]:
     return config
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, remembering the first stop signal instead of re-raising it later."""
+
+    stop_signal: int | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.stop_signal is None:
+            self.stop_signal = sig
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True  # a second Ctrl-C: do not wait for requests in flight
+        else:
+            self.should_exit = True
+
+
 def make_server(
     app: FastAPI, *, log_level: str = "info", access_log: bool = True
 ) -> uvicorn.Server:
@@ -73,7 +94,7 @@ def make_server(
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         backlog=LISTEN_BACKLOG,
     )
-    server = uvicorn.Server(config)
+    server = _Server(config)
     state: ServerState = app.state.spectool
 
     def stop(_: BaseException) -> None:
@@ -106,6 +127,8 @@ def serve(
         raise error
     if error is not None:
         raise EngineLoadError(f"model failed to load: {error}") from error
+    if getattr(server, "stop_signal", None) == signal.SIGINT:
+        raise KeyboardInterrupt
 
 
 def serve_checkpoint(
