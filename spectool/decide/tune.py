@@ -284,7 +284,7 @@ def tune(
         writable = [
             p for p in predictions if 0 < p.k <= k1 and (p.concurrency != concs[0] or p.k == k1)
         ]
-        wanted = confirmation_cells(writable, close_margin, measured=set(cells))
+        wanted = confirmation_cells(writable, close_margin, measured=set(plan))
         for key in server_order(wanted, last_k=plan[-1][1]):
             get(*key)
     else:
