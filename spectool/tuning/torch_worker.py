@@ -54,8 +54,7 @@ class _Running:
 
 def _start(spec: dict[str, Any]) -> _Running:
     """Serve ``spec`` on a free port of 127.0.0.1; returns once ``/health`` says 200."""
-    import httpx
-
+    from spectool.deploy.supervise import poll_health
     from spectool.engine.engine import Engine, EngineConfig
     from spectool.server.app import create_app
     from spectool.server.run import bind_socket, make_server
@@ -82,23 +81,20 @@ def _start(spec: dict[str, Any]) -> _Running:
     thread.start()
     running = _Running(server, thread, app, f"http://127.0.0.1:{port}")
     state = app.state.spectool
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    with httpx.Client(timeout=5.0) as client:
-        while True:
-            if state.load_error is not None:
-                _stop(running)
-                raise RuntimeError(f"model failed to load: {state.load_error}")
-            if not thread.is_alive():
-                raise RuntimeError("the server stopped before it was ready")
-            try:
-                if client.get(running.url + "/health").status_code == 200:
-                    return running
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                _stop(running)
-                raise RuntimeError(f"not ready after {READY_TIMEOUT_S:.0f} s")
-            time.sleep(_POLL_S)
+    wait = poll_health(
+        running.url + "/health",
+        timeout_s=READY_TIMEOUT_S,
+        interval_s=_POLL_S,
+        exit_code=lambda: 1 if state.load_error is not None or not thread.is_alive() else None,
+    )
+    if wait.outcome == "ready":
+        return running
+    _stop(running)
+    if state.load_error is not None:
+        raise RuntimeError(f"model failed to load: {state.load_error}")
+    if wait.outcome == "exited":
+        raise RuntimeError("the server stopped before it was ready")
+    raise RuntimeError(f"not ready after {READY_TIMEOUT_S:.0f} s ({wait.last})")
 
 
 def _stop(running: _Running | None) -> None:
