@@ -19,6 +19,7 @@ import copy
 import logging
 import signal
 import socket
+import threading
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -31,7 +32,14 @@ from spectool.engine.engine import Engine, EngineConfig
 from spectool.errors import BadInputError, EngineLoadError, SpectoolError
 from spectool.server.app import ServerState, create_app
 
-__all__ = ["DEFAULT_HOST", "bind_socket", "make_server", "serve", "serve_checkpoint"]
+__all__ = [
+    "DEFAULT_HOST",
+    "bind_socket",
+    "make_server",
+    "serve",
+    "serve_checkpoint",
+    "serve_in_thread",
+]
 
 logger = logging.getLogger("spectool.server")
 
@@ -102,6 +110,27 @@ def make_server(
 
     state.on_load_error.append(stop)
     return server
+
+
+def serve_in_thread(
+    app: FastAPI, *, name: str = "uvicorn", log_level: str = "warning"
+) -> tuple[uvicorn.Server, threading.Thread, str]:
+    """Start serving ``app`` on a free port of 127.0.0.1 in a daemon thread (no signal
+    handling there); returns the server (set ``should_exit`` to stop it), the thread and the
+    base URL. Readiness is the caller's to wait for (``/health``)."""
+    sock = bind_socket(DEFAULT_HOST, 0)
+    port = sock.getsockname()[1]
+    server = make_server(app, log_level=log_level, access_log=False)
+
+    def run() -> None:
+        try:
+            server.run(sockets=[sock])
+        finally:
+            sock.close()
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return server, thread, f"http://{DEFAULT_HOST}:{port}"
 
 
 def serve(

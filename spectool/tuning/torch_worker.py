@@ -57,7 +57,7 @@ def _start(spec: dict[str, Any]) -> _Running:
     from spectool.deploy.supervise import poll_health
     from spectool.engine.engine import Engine, EngineConfig
     from spectool.server.app import create_app
-    from spectool.server.run import bind_socket, make_server
+    from spectool.server.run import serve_in_thread
 
     target = Path(spec["target"])
     drafter = Path(spec["drafter"]) if spec.get("drafter") else None
@@ -67,19 +67,8 @@ def _start(spec: dict[str, Any]) -> _Running:
         fields["draft_len_schedule"] = {int(b): int(k) for b, k in schedule.items()}
     config = EngineConfig(**fields)  # ConfigError on anything the engine refuses
     app = create_app(lambda: Engine(target, drafter, config), model_name=spec["model_name"])
-    sock = bind_socket("127.0.0.1", 0)
-    port = sock.getsockname()[1]
-    server = make_server(app, log_level="warning", access_log=False)
-
-    def run() -> None:
-        try:
-            server.run(sockets=[sock])
-        finally:
-            sock.close()
-
-    thread = threading.Thread(target=run, name="tune-server", daemon=True)
-    thread.start()
-    running = _Running(server, thread, app, f"http://127.0.0.1:{port}")
+    server, thread, url = serve_in_thread(app, name="tune-server")
+    running = _Running(server, thread, app, url)
     state = app.state.spectool
     wait = poll_health(
         running.url + "/health",

@@ -13,7 +13,7 @@ import httpx
 from fastapi import FastAPI
 
 from spectool.server.driver import AsyncEngine
-from spectool.server.run import bind_socket, make_server
+from spectool.server.run import serve_in_thread
 
 HEALTH_DEADLINE_S = 60.0
 
@@ -62,19 +62,8 @@ class LiveServer:
 
 
 def start_live_server(app: FastAPI) -> LiveServer:
-    sock = bind_socket("127.0.0.1", 0)
-    port = sock.getsockname()[1]
-    server = make_server(app, log_level="warning", access_log=False)
-
-    def run() -> None:
-        try:
-            server.run(sockets=[sock])
-        finally:
-            sock.close()
-
-    thread = threading.Thread(target=run, name="uvicorn-test", daemon=True)
-    thread.start()
-    live = LiveServer(app=app, url=f"http://127.0.0.1:{port}", thread=thread, server=server)
+    server, thread, url = serve_in_thread(app, name="uvicorn-test")
+    live = LiveServer(app=app, url=url, thread=thread, server=server)
     with httpx.Client(base_url=live.url, timeout=5.0) as client:
 
         def get(path: str) -> httpx.Response:
