@@ -21,6 +21,8 @@ default:
 4. **Noise floor** (``--noise-floor``): a second, independent sweep after tune; its own best
    choices are held to the first sweep with checks 1 and 2. On a machine whose speed wanders
    (shared cores) even a brute-force sweep does not agree with itself; this says how much.
+   Tune's choices are also judged against both sweeps pooled cell by cell (half the variance);
+   ``benchmarks/tune_replay.py`` replays the search on many recorded sweeps.
 
 Prints the table and the three checks, writes everything to ``OUT/benchmark.json``; exit code 0
 when all three hold, 1 otherwise.
@@ -44,6 +46,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from spectool.decide.cell import CellMeasurement  # noqa: E402
 from spectool.decide.cost import evaluate_cell  # noqa: E402
 from spectool.measure.runner import measure  # noqa: E402
 from spectool.tuning.request import TuneRequest, parse_concurrencies, resolve  # noqa: E402
@@ -94,6 +97,20 @@ def sweep(resolved, out: Path) -> tuple[dict, float, str]:  # noqa: ANN001
                 cells[(c, k)] = pooled_cell(results, k)
                 print(f"  sweep c={c} k={k}: {time.perf_counter() - started:.0f} s", flush=True)
     return cells, time.perf_counter() - started, prompts.workload_id
+
+
+def pooled_cell_pair(a: CellMeasurement, b: CellMeasurement) -> CellMeasurement:
+    """One cell measured twice (two sweeps), as one cell: requests and steps of both."""
+    positions = a.positions
+    if positions is not None and b.positions is not None:
+        positions = positions.merged(b.positions)
+    return dataclasses.replace(
+        a,
+        records=a.records + b.records,
+        iterations=a.iterations + b.iterations,
+        positions=positions,
+        duration_s=(a.duration_s or 0.0) + (b.duration_s or 0.0),
+    )
 
 
 def compare(
@@ -229,11 +246,18 @@ def main(argv: list[str] | None = None) -> int:
         floor_rows, floor_quality, floor_verdicts = compare(
             sweep_choices(tps2, concs, n), tps, concs, n
         )
+        # Both sweeps pooled per cell: a reference with half the variance of either one.
+        both = {key: pooled_cell_pair(sweep_cells[key], again[key]) for key in sweep_cells}
+        _, tps_both = per_user(both, req.n_boot, req.seed)
+        pooled_rows, pooled_quality, pooled_verdicts = compare(result.choices, tps_both, concs, n)
         floor = {
             "wall_s": again_s,
             "rows": floor_rows,
             "quality": floor_quality,
             "verdicts": floor_verdicts,
+            "pooled_rows": pooled_rows,
+            "pooled_quality": pooled_quality,
+            "pooled_verdicts": pooled_verdicts,
         }
 
     print()
@@ -261,6 +285,18 @@ def main(argv: list[str] | None = None) -> int:
             f"noise floor: quality {'PASS' if floor['quality'] else 'FAIL'} (worst "
             f"{min(r['share_of_best'] for r in floor['rows']):.1%}), verdicts "
             f"{'PASS' if floor['verdicts'] else 'FAIL'}"
+        )
+        print()
+        print_rows(
+            "tune's choices against both sweeps pooled (each cell's requests of both sweeps):",
+            floor["pooled_rows"],
+            n,
+        )
+        print(
+            f"against both sweeps pooled: quality "
+            f"{'PASS' if floor['pooled_quality'] else 'FAIL'} (worst "
+            f"{min(r['share_of_best'] for r in floor['pooled_rows']):.1%}), verdicts "
+            f"{'PASS' if floor['pooled_verdicts'] else 'FAIL'}"
         )
     print()
     print(

@@ -5,16 +5,20 @@ an earlier, interrupted run are passed in and never measured again. The search, 
 ``c_1 < ... < c_n`` and a largest draft length ``K``:
 
 1. **Baselines**: ``k = 0`` at every concurrency (the right side of the cost inequality).
-2. **Acceptance**: ``k = K`` at the smallest concurrency. Its per-position acceptance gives
-   ``E[tokens | k]`` for every ``k <= K`` (:mod:`spectool.decide.acceptance`) at every
-   concurrency: with exact verification acceptance is a property of the drafter, the target and
-   the prompts, not of the batch (where the engine reports only an acceptance length, a constant
-   ``alpha`` is fitted to it instead). ``K`` at a large concurrency would cost the most of any
-   cell and is the cell least likely to be chosen.
-3. **Cost model**: ``k = 1`` at the smallest and the largest concurrency, so the step cost is
-   known at two draft lengths and two batch sizes; :func:`~spectool.decide.model.fit_step_cost`
-   fits it.
-4. **Predict** the per-token ratio of every cell and the best ``k`` per concurrency.
+2. **Acceptance**: ``k = K`` at the smallest and the largest concurrency. Per-position
+   acceptance gives ``E[tokens | k]`` for every ``k <= K`` (:mod:`spectool.decide.acceptance`)
+   at every concurrency, from the nearest one measured: with exact verification acceptance is a
+   property of the drafter, the target and the prompts, not of the batch (where the engine
+   reports only an acceptance length, a constant ``alpha`` is fitted to it instead). ``K`` at the
+   largest concurrency is also the step cost where speculation is dearest (most tokens per
+   verify pass): measured there, the batch-times-draft-length term of the cost model is
+   interpolated, not extrapolated from ``k = 1``. The same cell shows how much smaller the decode
+   batch gets with speculation (:func:`speculative_batches`).
+3. **Cost model**: ``k = 1`` at the smallest concurrency, so at batch 1 the step cost is known
+   at two draft lengths; :func:`~spectool.decide.model.fit_step_cost` fits it to every planned
+   cell.
+4. **Predict** the per-token ratio of every cell, each at its expected decode batch, and the best
+   ``k`` per concurrency.
 5. **Confirm**: the schedule's first value caps every other (it is ``max_draft_len``), so the
    predictions first give the best writable first value ``k1``
    (:func:`predicted_writable_first`); then, at every concurrency where some ``k <= k1`` is
@@ -158,12 +162,12 @@ def initial_plan(
     concurrencies: Sequence[int],
     max_draft_len: int,
     *,
-    acceptance_concurrencies: int = 1,
-    cost_concurrencies: int = 2,
+    acceptance_concurrencies: int = 2,
+    cost_concurrencies: int = 1,
 ) -> tuple[CellKey, ...]:
-    """Cells measured before any prediction: baselines, ``K`` at the smallest concurrency (or
-    ``acceptance_concurrencies`` spread ones), then ``1`` at ``cost_concurrencies`` spread ones
-    (ends included). Grouped by ``k``: three server starts."""
+    """Cells measured before any prediction: baselines, ``K`` at ``acceptance_concurrencies``
+    spread concurrencies (ends first), then ``1`` at ``cost_concurrencies`` spread ones (one: the
+    smallest). Grouped by ``k``: three server starts."""
     plan: list[CellKey] = [(c, 0) for c in sorted(set(concurrencies))]
     plan += [(c, max_draft_len) for c in spread(concurrencies, acceptance_concurrencies)]
     plan += [(c, 1) for c in spread(concurrencies, cost_concurrencies)]
@@ -204,6 +208,48 @@ def _alphas_by_concurrency(
     }
 
 
+def speculative_batches(
+    cells: Mapping[CellKey, CellMeasurement], concurrencies: Sequence[int], max_draft_len: int
+) -> dict[CellKey, float]:
+    """Expected mean decode batch of every speculative cell, from the measured cells.
+
+    In a closed loop of ``c`` clients the decode batch is ``c`` less the requests waiting for or in
+    prefill; speculation makes requests finish in fewer steps, so newcomers (and their prefills)
+    come more often and the batch shrinks: 15.5 without speculation against 8.0 with k=8 at
+    concurrency 16 on the embedded engine. The shrink is measured as ``batch(c, k) / batch(c, 0)``
+    wherever both cells exist, taken piecewise-linearly in ``k`` (1 at ``k = 0``, held beyond
+    the largest measured ``k``), and interpolated linearly in ``log c`` between measured
+    concurrencies (held beyond the ends). Concurrencies without a baseline batch are left out
+    (the prediction then uses the concurrency itself).
+    """
+    base = {
+        c: b
+        for c in concurrencies
+        if (cell := cells.get((c, 0))) is not None and (b := cell.mean_batch_size())
+    }
+    shrink: dict[int, list[tuple[int, float]]] = {}
+    for (c, k), cell in sorted(cells.items()):
+        batch = cell.mean_batch_size()
+        if k > 0 and c in base and batch is not None:
+            shrink.setdefault(c, [(0, 1.0)]).append((k, batch / base[c]))
+    if not shrink:
+        return {}
+
+    def at(c: int, k: int) -> float:
+        points = shrink[c]
+        return float(np.interp(k, [p[0] for p in points], [p[1] for p in points]))
+
+    measured = sorted(shrink)
+    logs = [math.log(c) for c in measured]
+    out: dict[CellKey, float] = {}
+    for c in base:
+        for k in range(1, max_draft_len + 1):
+            by_c = [at(m, k) for m in measured]
+            factor = float(np.interp(math.log(c), logs, by_c))
+            out[(c, k)] = max(1.0, base[c] * factor)
+    return out
+
+
 def tune(
     concurrencies: Sequence[int],
     max_draft_len: int,
@@ -215,8 +261,8 @@ def tune(
     n_boot: int = 1000,
     confidence: float = 0.95,
     seed: int = 0,
-    acceptance_concurrencies: int = 1,
-    cost_concurrencies: int = 2,
+    acceptance_concurrencies: int = 2,
+    cost_concurrencies: int = 1,
     close_margin: float = 0.02,
     min_gain: float = 0.0,
     accept_inconclusive: bool = False,
@@ -276,7 +322,12 @@ def tune(
     if alphas and any(o.k > 0 for o in observations) and len(base_step) == len(concs):
         model = fit_step_cost(observations)
         predictions = predict_grid(
-            model, alphas, max_draft_len, base_step_ms=base_step, batch_by_concurrency=batch
+            model,
+            alphas,
+            max_draft_len,
+            base_step_ms=base_step,
+            batch_by_concurrency=batch,
+            batch_by_cell=speculative_batches(planned, concs, max_draft_len),
         )
         predicted_choices = choose_k(predictions, min_gain=min_gain)
         # Confirm the predicted best *writable* choices: none above the first concurrency's.

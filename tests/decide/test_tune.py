@@ -7,13 +7,14 @@ from dataclasses import replace
 
 import pytest
 
-from spectool.decide.cell import CellMeasurement
+from spectool.decide.cell import CellMeasurement, IterationSample
 from spectool.decide.model import CellPrediction, draft_len_for_batch
 from spectool.decide.tune import (
     confirmation_cells,
     initial_plan,
     predicted_writable_first,
     server_order,
+    speculative_batches,
     spread,
     tune,
 )
@@ -217,10 +218,44 @@ def test_initial_plan_and_spread() -> None:
     assert spread((4,), 2) == (4,)
     plan = initial_plan(CONCURRENCIES, K)
     assert plan[: len(CONCURRENCIES)] == tuple((c, 0) for c in CONCURRENCIES)
-    assert plan[len(CONCURRENCIES) :] == ((1, K), (1, 1), (64, 1))
+    # K at both ends (acceptance, and the dearest speculative step), 1 at the smallest.
+    assert plan[len(CONCURRENCIES) :] == ((1, K), (64, K), (1, 1))
     assert initial_plan((1, 64), 1) == ((1, 0), (64, 0), (1, 1), (64, 1))
-    wide = initial_plan(CONCURRENCIES, K, acceptance_concurrencies=2, cost_concurrencies=3)
-    assert wide[len(CONCURRENCIES) :] == ((1, K), (64, K), (1, 1), (8, 1), (64, 1))
+    wide = initial_plan(CONCURRENCIES, K, acceptance_concurrencies=1, cost_concurrencies=3)
+    assert wide[len(CONCURRENCIES) :] == ((1, K), (1, 1), (8, 1), (64, 1))
+
+
+def _batch_cell(c: int, k: int, batch: int) -> CellMeasurement:
+    sample = IterationSample(0.0, 10.0, 0.0, batch_size=batch, confirmed_tokens=batch * (1 + k))
+    return CellMeasurement(concurrency=c, k=k, iterations=(sample,) * 3)
+
+
+def test_speculative_batches_interpolate_the_measured_shrink() -> None:
+    """Speculative cells decode at a smaller batch than the baseline at the same concurrency:
+    the shrink measured at 16 (k=8: 16 -> 8) is interpolated in k and in log concurrency, none
+    at 1 (a batch of one cannot shrink)."""
+    cells = {
+        (1, 0): _batch_cell(1, 0, 1),
+        (4, 0): _batch_cell(4, 0, 4),
+        (16, 0): _batch_cell(16, 0, 16),
+        (1, 8): _batch_cell(1, 8, 1),
+        (16, 8): _batch_cell(16, 8, 8),
+    }
+    batches = speculative_batches(cells, (1, 4, 16), 8)
+    assert set(batches) == {(c, k) for c in (1, 4, 16) for k in range(1, 9)}
+    assert batches[(16, 8)] == pytest.approx(8.0)
+    assert batches[(16, 4)] == pytest.approx(12.0)  # half way from no shrink at k=0
+    assert batches[(1, 8)] == pytest.approx(1.0)
+    assert batches[(4, 8)] == pytest.approx(4 * 0.75)  # log 4 is half way from log 1 to log 16
+    assert batches[(4, 2)] == pytest.approx(4 * (1 - 0.5 * 0.125))
+    # Beyond the measured concurrencies the nearest shrink holds; never below one request.
+    assert speculative_batches(cells, (1, 4, 16, 64), 8).get((64, 8)) is None  # no baseline
+    cells[(64, 0)] = _batch_cell(64, 0, 60)
+    assert speculative_batches(cells, (1, 16, 64), 8)[(64, 8)] == pytest.approx(30.0)
+    tiny = {(2, 0): _batch_cell(2, 0, 1), (2, 3): _batch_cell(2, 3, 1)}
+    assert speculative_batches(tiny, (2,), 3)[(2, 1)] == 1.0
+    # No speculative cell measured: nothing to say.
+    assert speculative_batches({(1, 0): _batch_cell(1, 0, 1)}, (1,), 4) == {}
 
 
 def test_server_order_groups_cells_by_draft_length() -> None:
