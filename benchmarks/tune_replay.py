@@ -25,7 +25,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import sys
 from collections.abc import Sequence
@@ -34,39 +33,12 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from tune_vs_sweep import QUALITY, compare, per_user  # noqa: E402
+from tune_vs_sweep import QUALITY, Key, compare, load_sweep, per_user  # noqa: E402
 
 from spectool.decide.cell import CellMeasurement  # noqa: E402
 from spectool.decide.tune import tune  # noqa: E402
-from spectool.measure.runner import TrialResult, load_trials  # noqa: E402
+from spectool.measure.runner import TrialResult  # noqa: E402
 from spectool.tuning.trials import pooled_cell  # noqa: E402
-
-LABEL = re.compile(
-    r"^(?P<engine>\S+) (?P<method>\S+) k=(?P<k>\d+) #(?P<repeat>\S+) setup=(?P<setup>\S+)$"
-)
-Key = tuple[int, int]
-
-
-def load_sweep(folder: Path) -> tuple[dict[Key, TrialResult], tuple[str, str, str]]:
-    """A sweep's trials by (concurrency, k), and its (method, setup, workload) identity."""
-    trials: dict[Key, TrialResult] = {}
-    identity: set[tuple[str, str, str]] = set()
-    for result in load_trials(folder / "trials.jsonl").values():
-        match = LABEL.match(result.config.label)
-        if match is None or match["repeat"] == "drift":
-            continue
-        k = int(match["k"])
-        if k > 0:
-            identity.add((match["method"], match["setup"], result.config.workload_id))
-        else:
-            identity.add(("", match["setup"], result.config.workload_id))
-        trials[(result.config.concurrency, k)] = result
-    setups = {(s, w) for _, s, w in identity}
-    methods = {m for m, _, _ in identity if m}
-    if len(setups) != 1 or len(methods) > 1:
-        raise SystemExit(f"{folder}: trials of more than one setup or workload")
-    (setup, workload), method = setups.pop(), (methods.pop() if methods else "")
-    return trials, (method, setup, workload)
 
 
 def grid_of(sweeps: Sequence[dict[Key, TrialResult]]) -> tuple[tuple[int, ...], int]:

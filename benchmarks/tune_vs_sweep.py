@@ -22,7 +22,8 @@ default:
    choices are held to the first sweep with checks 1 and 2. On a machine whose speed wanders
    (shared cores) even a brute-force sweep does not agree with itself; this says how much.
    Tune's choices are also judged against both sweeps pooled cell by cell (half the variance);
-   ``benchmarks/tune_replay.py`` replays the search on many recorded sweeps.
+   ``--reference-sweeps`` pools recorded sweeps of earlier runs (same pair, setup and workload)
+   into one more reference; ``benchmarks/tune_replay.py`` replays the search on many of them.
 
 Prints the table and the three checks, writes everything to ``OUT/benchmark.json``; exit code 0
 when all three hold, 1 otherwise.
@@ -32,6 +33,8 @@ Usage::
     python benchmarks/tune_vs_sweep.py                          # demo pair, N=4, c=1,2,4,8
     python benchmarks/tune_vs_sweep.py --max-draft-len 8 --concurrency 1,2,4,8,16
     python benchmarks/tune_vs_sweep.py TARGET DRAFTER --out out/bench --noise-floor
+    python benchmarks/tune_vs_sweep.py --max-draft-len 8 --concurrency 1,2,4,8,16 --noise-floor \
+        --reference-sweeps out/earlier-run/sweep out/earlier-run/sweep2
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -48,7 +52,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from spectool.decide.cell import CellMeasurement  # noqa: E402
 from spectool.decide.cost import evaluate_cell  # noqa: E402
-from spectool.measure.runner import measure  # noqa: E402
+from spectool.measure.runner import TrialResult, load_trials, measure  # noqa: E402
 from spectool.tuning.request import TuneRequest, parse_concurrencies, resolve  # noqa: E402
 from spectool.tuning.session import (  # noqa: E402
     METRICS_INTERVAL_S,
@@ -97,6 +101,34 @@ def sweep(resolved, out: Path) -> tuple[dict, float, str]:  # noqa: ANN001
                 cells[(c, k)] = pooled_cell(results, k)
                 print(f"  sweep c={c} k={k}: {time.perf_counter() - started:.0f} s", flush=True)
     return cells, time.perf_counter() - started, prompts.workload_id
+
+
+LABEL = re.compile(
+    r"^(?P<engine>\S+) (?P<method>\S+) k=(?P<k>\d+) #(?P<repeat>\S+) setup=(?P<setup>\S+)$"
+)
+Key = tuple[int, int]
+
+
+def load_sweep(folder: Path) -> tuple[dict[Key, TrialResult], tuple[str, str, str]]:
+    """A sweep's trials by (concurrency, k), and its (method, setup, workload) identity."""
+    trials: dict[Key, TrialResult] = {}
+    identity: set[tuple[str, str, str]] = set()
+    for result in load_trials(folder / "trials.jsonl").values():
+        match = LABEL.match(result.config.label)
+        if match is None or match["repeat"] == "drift":
+            continue
+        k = int(match["k"])
+        if k > 0:
+            identity.add((match["method"], match["setup"], result.config.workload_id))
+        else:
+            identity.add(("", match["setup"], result.config.workload_id))
+        trials[(result.config.concurrency, k)] = result
+    setups = {(s, w) for _, s, w in identity}
+    methods = {m for m, _, _ in identity if m}
+    if len(setups) != 1 or len(methods) > 1:
+        raise SystemExit(f"{folder}: trials of more than one setup or workload")
+    (setup, workload), method = setups.pop(), (methods.pop() if methods else "")
+    return trials, (method, setup, workload)
 
 
 def pooled_cell_pair(a: CellMeasurement, b: CellMeasurement) -> CellMeasurement:
@@ -186,6 +218,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--noise-floor", action="store_true", help="a second sweep after tune")
+    parser.add_argument(
+        "--reference-sweeps",
+        nargs="+",
+        type=Path,
+        default=[],
+        metavar="DIR",
+        help="recorded sweep folders (OUT/sweep, OUT/sweep2 of earlier runs with the same pair, "
+        "setup and workload), pooled with this run's sweeps into one more reference",
+    )
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "out" / "bench-tune-vs-sweep")
     args = parser.parse_args(argv)
 
@@ -298,6 +339,37 @@ def main(argv: list[str] | None = None) -> int:
             f"{min(r['share_of_best'] for r in floor['pooled_rows']):.1%}), verdicts "
             f"{'PASS' if floor['pooled_verdicts'] else 'FAIL'}"
         )
+    pooled_ref = None
+    if args.reference_sweeps:
+        own_dirs = [args.out / "sweep"] + ([args.out / "sweep2"] if args.noise_floor else [])
+        loaded = [load_sweep(folder) for folder in [*own_dirs, *args.reference_sweeps]]
+        if len({identity for _, identity in loaded}) != 1:
+            raise SystemExit("--reference-sweeps: not the same pair, server setup and workload")
+        if any(set(trials) != set(sweep_cells) for trials, _ in loaded):
+            raise SystemExit("--reference-sweeps: a folder does not hold the whole grid")
+        pooled = {
+            key: pooled_cell([trials[key] for trials, _ in loaded], key[1]) for key in sweep_cells
+        }
+        _, tps_pooled = per_user(pooled, req.n_boot, req.seed)
+        ref_rows, ref_quality, ref_verdicts = compare(result.choices, tps_pooled, concs, n)
+        pooled_ref = {
+            "sweeps": [str(folder) for folder in [*own_dirs, *args.reference_sweeps]],
+            "rows": ref_rows,
+            "quality": ref_quality,
+            "verdicts": ref_verdicts,
+        }
+        print()
+        print_rows(
+            f"tune's choices against {len(loaded)} sweeps pooled (this run's and "
+            f"{len(args.reference_sweeps)} recorded):",
+            ref_rows,
+            n,
+        )
+        print(
+            f"against {len(loaded)} sweeps pooled: quality {'PASS' if ref_quality else 'FAIL'} "
+            f"(worst {min(r['share_of_best'] for r in ref_rows):.1%}), verdicts "
+            f"{'PASS' if ref_verdicts else 'FAIL'}"
+        )
     print()
     print(
         f"check 1 (quality >= {QUALITY:.0%} of the best per-user tokens/s everywhere): "
@@ -330,6 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         "sweep_stats": {f"{c},{k}": s.to_json() for (c, k), s in stats.items()},
         "sweep_verdicts": {f"{c},{k}": dataclasses.asdict(v) for (c, k), v in ratios.items()},
         "noise_floor": floor,
+        "pooled_reference": pooled_ref,
         "checks": {
             "quality": quality_ok,
             "verdicts": verdict_ok,
