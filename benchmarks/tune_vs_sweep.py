@@ -50,7 +50,6 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from spectool.decide.cell import CellMeasurement  # noqa: E402
 from spectool.decide.cost import evaluate_cell  # noqa: E402
 from spectool.measure.runner import TrialResult, load_trials, measure  # noqa: E402
 from spectool.tuning.request import TuneRequest, parse_concurrencies, resolve  # noqa: E402
@@ -129,20 +128,6 @@ def load_sweep(folder: Path) -> tuple[dict[Key, TrialResult], tuple[str, str, st
         raise SystemExit(f"{folder}: trials of more than one setup or workload")
     (setup, workload), method = setups.pop(), (methods.pop() if methods else "")
     return trials, (method, setup, workload)
-
-
-def pooled_cell_pair(a: CellMeasurement, b: CellMeasurement) -> CellMeasurement:
-    """One cell measured twice (two sweeps), as one cell: requests and steps of both."""
-    positions = a.positions
-    if positions is not None and b.positions is not None:
-        positions = positions.merged(b.positions)
-    return dataclasses.replace(
-        a,
-        records=a.records + b.records,
-        iterations=a.iterations + b.iterations,
-        positions=positions,
-        duration_s=(a.duration_s or 0.0) + (b.duration_s or 0.0),
-    )
 
 
 def compare(
@@ -288,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
             sweep_choices(tps2, concs, n), tps, concs, n
         )
         # Both sweeps pooled per cell: a reference with half the variance of either one.
-        both = {key: pooled_cell_pair(sweep_cells[key], again[key]) for key in sweep_cells}
+        both_trials = [load_sweep(args.out / name)[0] for name in ("sweep", "sweep2")]
+        both = {key: pooled_cell([t[key] for t in both_trials], key[1]) for key in sweep_cells}
         _, tps_both = per_user(both, req.n_boot, req.seed)
         pooled_rows, pooled_quality, pooled_verdicts = compare(result.choices, tps_both, concs, n)
         floor = {

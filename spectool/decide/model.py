@@ -30,9 +30,9 @@ right. ``b`` is the generation batch the cell is expected to run at: with specul
 finish in fewer steps and newcomers' prefills come more often, so at the same client concurrency
 the decode batch is smaller than the baseline's (measured on the embedded engine: 8.0 against
 15.5 at concurrency 16, k=8). The smaller batch's cheaper step is not credited: the requests
-missing from it are waiting, which a per-step ratio does not see. Per-token ratio ``= t_spec / (E[tokens | k] * t_base_measured)``, with ``E`` from
-per-position acceptance; the best ``k`` minimises it, and is 0 when no ``k`` goes below
-``1 - min_gain``.
+missing from it are waiting, which a per-step ratio does not see. Per-token ratio
+``= t_spec / (E[tokens | k] * t_base_measured)``, with ``E`` from per-position acceptance; the
+best ``k`` minimises it, and is 0 when no ``k`` goes below ``1 - min_gain``.
 
 **Schedule.** TensorRT-LLM's ``draft_len_schedule`` maps batch size to draft length; see
 :func:`draft_len_for_batch` for both semantics it has had.

@@ -242,11 +242,10 @@ def speculative_batches(
     measured = sorted(shrink)
     logs = [math.log(c) for c in measured]
     out: dict[CellKey, float] = {}
-    for c in base:
-        for k in range(1, max_draft_len + 1):
-            by_c = [at(m, k) for m in measured]
-            factor = float(np.interp(math.log(c), logs, by_c))
-            out[(c, k)] = max(1.0, base[c] * factor)
+    for k in range(1, max_draft_len + 1):
+        at_k = [at(m, k) for m in measured]
+        for c, batch in base.items():
+            out[(c, k)] = max(1.0, batch * float(np.interp(math.log(c), logs, at_k)))
     return out
 
 
