@@ -51,6 +51,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from spectool.decide.cost import evaluate_cell  # noqa: E402
+from spectool.decide.replay import QUALITY, VERDICT_MARGIN, compare  # noqa: E402
 from spectool.measure.runner import TrialResult, load_trials, measure  # noqa: E402
 from spectool.tuning.request import TuneRequest, parse_concurrencies, resolve  # noqa: E402
 from spectool.tuning.session import (  # noqa: E402
@@ -65,8 +66,6 @@ from spectool.tuning.session import (  # noqa: E402
 from spectool.tuning.stats import cell_stats  # noqa: E402
 from spectool.tuning.trials import pooled_cell  # noqa: E402
 
-QUALITY = 0.95
-VERDICT_MARGIN = 0.05
 TIME_SHARE = 0.40
 
 
@@ -128,35 +127,6 @@ def load_sweep(folder: Path) -> tuple[dict[Key, TrialResult], tuple[str, str, st
         raise SystemExit(f"{folder}: trials of more than one setup or workload")
     (setup, workload), method = setups.pop(), (methods.pop() if methods else "")
     return trials, (method, setup, workload)
-
-
-def compare(
-    choices: dict[int, int], tps: dict[tuple[int, int], float], concs: tuple[int, ...], n: int
-) -> tuple[list[dict], bool, bool]:
-    """Checks 1 and 2 for ``choices`` against a sweep's per-user tokens/s ``tps``."""
-    rows = []
-    quality_ok = verdict_ok = True
-    for c in concs:
-        best_k = max(range(n + 1), key=lambda k: tps[(c, k)])
-        best_spec = max(range(1, n + 1), key=lambda k: tps[(c, k)])
-        chosen = choices[c]
-        share = tps[(c, chosen)] / tps[(c, best_k)]
-        diff = tps[(c, best_spec)] / tps[(c, 0)] - 1.0
-        agree = (chosen > 0) == (diff > 0) if abs(diff) > VERDICT_MARGIN else None
-        quality_ok &= share >= QUALITY
-        verdict_ok &= agree is not False
-        rows.append(
-            {
-                "concurrency": c,
-                "sweep_best_k": best_k,
-                "sweep_best_spec_vs_off": diff,
-                "chosen_k": chosen,
-                "share_of_best": share,
-                "verdict_agrees": agree,
-                "sweep_tokens_per_s_per_user": {str(k): tps[(c, k)] for k in range(n + 1)},
-            }
-        )
-    return rows, quality_ok, verdict_ok
 
 
 def sweep_choices(tps: dict[tuple[int, int], float], concs: tuple[int, ...], n: int) -> dict:

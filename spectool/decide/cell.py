@@ -131,3 +131,26 @@ class CellMeasurement:
         if not self.iterations:
             return None
         return sum(s.step_ms for s in self.iterations) / len(self.iterations)
+
+
+def pooled(cells: Sequence[CellMeasurement]) -> CellMeasurement:
+    """One cell from several measurements of the same ``(concurrency, k)`` (repeats, or sweeps
+    recorded at different times): requests, steps and acceptance counts of all, durations
+    summed (unknown durations count as 0)."""
+    if not cells:
+        raise BadInputError("cell", "nothing to pool")
+    key = cells[0].key
+    if any(c.key != key for c in cells):
+        raise BadInputError("cell", f"cannot pool cells of different (concurrency, k) with {key}")
+    positions: PositionCounts | None = None
+    for cell in cells:
+        if cell.positions is not None:
+            positions = cell.positions if positions is None else positions.merged(cell.positions)
+    return CellMeasurement(
+        concurrency=key[0],
+        k=key[1],
+        records=tuple(r for c in cells for r in c.records),
+        iterations=tuple(s for c in cells for s in c.iterations),
+        positions=positions,
+        duration_s=sum(c.duration_s or 0.0 for c in cells),
+    )

@@ -24,8 +24,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from spectool.decide.acceptance import PositionCounts
-from spectool.decide.cell import CellMeasurement
+from spectool.decide.cell import CellMeasurement, pooled
 from spectool.errors import BadInputError
 from spectool.measure.client import RequestOptions
 from spectool.measure.runner import TrialConfig, TrialResult
@@ -90,18 +89,6 @@ def pooled_cell(results: Sequence[TrialResult], k: int) -> CellMeasurement:
     if not results:
         raise BadInputError("tune", f"no trials to pool for k={k}")
     cells = [to_cell(r, k) for r in results]
-    concurrency = cells[0].concurrency
-    if any(c.concurrency != concurrency for c in cells):
+    if any(c.concurrency != cells[0].concurrency for c in cells):
         raise BadInputError("tune", "trials of one cell ran at different concurrencies")
-    positions: PositionCounts | None = None
-    for cell in cells:
-        if cell.positions is not None:
-            positions = cell.positions if positions is None else positions.merged(cell.positions)
-    return CellMeasurement(
-        concurrency=concurrency,
-        k=k,
-        records=tuple(r for c in cells for r in c.records),
-        iterations=tuple(s for c in cells for s in c.iterations),
-        positions=positions,
-        duration_s=sum(c.duration_s or 0.0 for c in cells),
-    )
+    return pooled(cells)
