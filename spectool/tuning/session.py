@@ -48,7 +48,7 @@ from spectool.tuning.setup import (
     checkpoint_identity,
     prepare_out_dir,
 )
-from spectool.tuning.stats import CellStats, cell_stats
+from spectool.tuning.stats import CellStats, cell_stats, stall_notes
 from spectool.tuning.trials import CellPlan, pooled_cell
 
 CellKey = tuple[int, int]
@@ -437,6 +437,7 @@ def _write_outputs(
             f"{prompts.dropped} prompts longer than {prompts.max_prompt_tokens} tokens were left "
             "out (they would not fit the server's sequence limit with the output)"
         )
+    notes += stall_notes(result.choices, result.cells, stats)
     if drift is not None and drift.significant:
         notes.append(
             f"the machine's speed changed during the run: {drift.describe()}; every ratio "

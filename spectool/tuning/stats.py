@@ -20,11 +20,13 @@ acceptance (``alpha_i``) when the engine counts it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from spectool.decide.cell import CellMeasurement
+from spectool.decide.cost import CellVerdict
 from spectool.decide.latency import MS_PER_S
 from spectool.errors import BadInputError
 
@@ -128,3 +130,34 @@ def cell_stats(
         tokens_per_step=cell.tokens_per_step(),
         alphas=alphas,
     )
+
+
+def stall_notes(
+    choices: Mapping[int, int],
+    verdicts: Sequence[CellVerdict],
+    stats: Mapping[tuple[int, int], CellStats],
+) -> list[str]:
+    """Notes for chosen cells whose users see less than half the gain the decode steps show.
+
+    The cost inequality compares decode *steps*; a user's time per output token (TPOT) also holds
+    whatever stops decoding between steps: prefills of arriving requests, queueing. With short
+    outputs and long prompts at high concurrency that share can dominate, and speculation does
+    not shorten it (it even makes arrivals more frequent, since requests finish sooner). Where
+    ``1 - tpot_ratio < (1 - step_ratio) / 2`` the report says so, with both numbers.
+    """
+    by_key = {(v.concurrency, v.k): v for v in verdicts}
+    notes = []
+    for c, k in sorted(choices.items()):
+        verdict, spec, base = by_key.get((c, k)), stats.get((c, k)), stats.get((c, 0))
+        if k == 0 or verdict is None or spec is None or base is None:
+            continue
+        tpot_ratio = spec.ms_per_token.value / base.ms_per_token.value
+        if 1.0 - tpot_ratio < (1.0 - verdict.ratio) / 2.0:
+            notes.append(
+                f"concurrency {c}, k={k}: decode steps cost {verdict.ratio:.2f} of the baseline "
+                f"per token, but users' time per output token is {tpot_ratio:.2f} of it "
+                f"({spec.ms_per_token.value:.1f} against {base.ms_per_token.value:.1f} ms): the "
+                "rest is time outside decode steps (prefills of arriving requests, queueing), "
+                "which speculation does not shorten"
+            )
+    return notes
