@@ -28,7 +28,8 @@ from typing import Any
 
 from spectool.decide.acceptance import PositionCounts
 from spectool.decide.cell import CellMeasurement, IterationSample, pooled
-from spectool.decide.latency import RequestRecord
+from spectool.decide.cost import request_terms
+from spectool.decide.latency import MS_PER_S, RequestRecord
 from spectool.decide.tune import tune
 from spectool.errors import BadInputError
 
@@ -42,16 +43,13 @@ Grid = Mapping[Key, CellMeasurement]
 
 def per_user_tokens_per_s(grid: Grid) -> dict[Key, float]:
     """Per-user tokens/s of every cell: ``1 / TPOT`` with TPOT pooled over the cell's requests
-    (``sum(E2E - TTFT) / sum(tokens - 1)`` over successful requests of two tokens or more), as
-    tune's report computes it."""
+    (:func:`~spectool.decide.cost.request_terms`), as tune's report computes it."""
     out = {}
     for key, cell in grid.items():
-        used = [r for r in cell.records if r.ok and r.output_tokens >= 2 and r.decode_s is not None]
-        decode_s = sum(r.decode_s for r in used)  # type: ignore[misc]
-        tokens = sum(r.output_tokens - 1 for r in used)
-        if not used or decode_s <= 0:
+        decode_ms, later_tokens = request_terms(cell.records)
+        if not decode_ms.size or decode_ms.sum() <= 0:
             raise BadInputError(f"cell {key}", "no request with two tokens or more to time")
-        out[key] = tokens / decode_s
+        out[key] = MS_PER_S * float(later_tokens.sum() / decode_ms.sum())
     return out
 
 
