@@ -26,6 +26,11 @@ than free cores, OpenMP's waiting dominates both sides.
     python benchmarks/engine_speed.py [--target DIR] [--drafter DIR] [--k 4] [--max-tokens 128]
         [--prompts 4] [--repeats 5] [--threads 1] [--clock wall|cpu] [--sweep-ks 1-6]
         [--batches 1,2,4,8,16,32] [--sweep-repeats 3] [--no-sweep | --sweep-only]
+        [--no-pack-fp16]
+
+The demo checkpoints are float16: by default the engine multiplies by packed float16 copies of
+their weights (fbgemm; arithmetic in float32, same values as the float32 weights transformers
+uses); ``--no-pack-fp16`` runs every product on torch.mm instead, to see the kernel's share.
 """
 
 from __future__ import annotations
@@ -166,6 +171,20 @@ def load_hf(folder: Path) -> Any:
     return model
 
 
+def kernel_summary(engine: Any) -> str:
+    """Which kernel the engine's projections run on (target, then drafter)."""
+    from spectool.engine.model import Projection
+
+    parts = []
+    for name, model in (("target", engine.target), ("drafter", engine.drafter)):
+        if model is None:
+            continue
+        projections = [m for m in model.modules() if isinstance(m, Projection)]
+        packed = sum(p.packed is not None for p in projections)
+        parts.append(f"{name} {packed}/{len(projections)} on fbgemm float16 weights")
+    return "; ".join(parts) + " (the rest on torch.mm, float32)"
+
+
 def head_to_head(args: argparse.Namespace, target: Path, drafter: Path) -> tuple[bool, bool]:
     """Targets 1 and 2 at batch 1; returns (baseline passed, speculative passed).
 
@@ -178,12 +197,22 @@ def head_to_head(args: argparse.Namespace, target: Path, drafter: Path) -> tuple
 
     n = args.max_tokens
     seq_len = args.prompt_tokens + n + args.k + 8
-    base = Engine(target, config=EngineConfig(method="none", max_batch_size=1, max_seq_len=seq_len))
+    pack = not args.no_pack_fp16
+    base = Engine(
+        target,
+        config=EngineConfig(
+            method="none", max_batch_size=1, max_seq_len=seq_len, pack_fp16_weights=pack
+        ),
+    )
     spec = Engine(
         target,
         drafter,
         EngineConfig(
-            method="draft_model", max_draft_len=args.k, max_batch_size=1, max_seq_len=seq_len
+            method="draft_model",
+            max_draft_len=args.k,
+            max_batch_size=1,
+            max_seq_len=seq_len,
+            pack_fp16_weights=pack,
         ),
     )
     hf_target, hf_drafter = load_hf(target), load_hf(drafter)
@@ -233,6 +262,7 @@ def head_to_head(args: argparse.Namespace, target: Path, drafter: Path) -> tuple
     walls = timings.pick(args.clock)
     total = n * len(prompts)
     ref = outputs["transformers generate"]
+    print(f"engine matrix products: {kernel_summary(spec)}")
     print(
         f"\nBatch 1, greedy, float32, {args.threads} thread(s), {len(prompts)} prompts of "
         f"{args.prompt_tokens} tokens, {n} new tokens each, k={args.k}, "
@@ -309,15 +339,25 @@ def sweep(args: argparse.Namespace, target: Path, drafter: Path) -> bool:
     wins_at_1 = False
     stopped: int | None = None
     for batch in batches:
+        pack = not args.no_pack_fp16
         engines = {
-            0: Engine(target, config=EngineConfig(max_batch_size=batch, max_seq_len=seq_len))
+            0: Engine(
+                target,
+                config=EngineConfig(
+                    max_batch_size=batch, max_seq_len=seq_len, pack_fp16_weights=pack
+                ),
+            )
         }
         for k in ks:
             engines[k] = Engine(
                 target,
                 drafter,
                 EngineConfig(
-                    method="draft_model", max_draft_len=k, max_batch_size=batch, max_seq_len=seq_len
+                    method="draft_model",
+                    max_draft_len=k,
+                    max_batch_size=batch,
+                    max_seq_len=seq_len,
+                    pack_fp16_weights=pack,
                 ),
             )
         prompts = all_prompts[: max(batch, args.prompts)]
@@ -363,6 +403,11 @@ def main() -> int:
     parser.add_argument("--batches", type=parse_int_list, default=parse_int_list("1,2,4,8,16,32"))
     parser.add_argument("--sweep-repeats", type=int, default=3)
     parser.add_argument("--no-sweep", action="store_true", help="targets 1 and 2 only")
+    parser.add_argument(
+        "--no-pack-fp16",
+        action="store_true",
+        help="engine projections on torch.mm only (no fbgemm float16-weight kernel)",
+    )
     parser.add_argument("--sweep-only", action="store_true", help="target 3 only")
     parser.add_argument(
         "--clock",

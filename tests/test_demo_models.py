@@ -156,3 +156,28 @@ def test_drafter_agrees_with_target_far_above_chance(heldout_logits: tuple) -> N
     constant_agreement = (target_top1 == target_top1.mode().values).float().mean().item()
     assert agreement > 1000 / target_logits.size(-1), agreement  # uniform chance is 1 / vocab
     assert agreement > constant_agreement + 0.2, (agreement, constant_agreement)
+
+
+def test_engine_runs_the_demo_pair_on_float16_weights_with_transformers_logits(
+    heldout_logits: tuple,
+) -> None:
+    """The demo checkpoints are float16: the engine keeps float32 arithmetic but multiplies by
+    packed float16 weights (fbgemm, where torch has it), and still computes transformers'
+    logits."""
+    import torch
+
+    from spectool.engine.load import load_model
+    from spectool.engine.model import Projection, fp16_weight_kernel
+
+    for folder, want in zip(FOLDERS, heldout_logits[:2], strict=True):
+        model = load_model(MODELS_DIR / folder, max_seq_len=EVAL_TOKENS)
+        projections = [m for m in model.modules() if isinstance(m, Projection)]
+        assert len(projections) == 4 * model.args.n_layers + 1
+        assert all(
+            (p.packed is not None) == (fp16_weight_kernel() is not None) for p in projections
+        )
+        bos = _json(MODELS_DIR / folder / "config.json")["bos_token_id"]  # <|endoftext|>
+        tokens = torch.cat([torch.tensor([bos]), heldout_logits[2][:-1]])[None, :]  # fixture's
+        with torch.inference_mode():
+            got = model(tokens, torch.arange(tokens.shape[1])[None])[0]
+        assert (got - want).abs().max() < 1e-4, folder

@@ -74,7 +74,9 @@ class EngineConfig:
     requests decoded together (more wait in a queue). ``max_seq_len``: prompt + output tokens
     per request (capped at the models' ``max_position_embeddings``). ``device``: ``"cpu"``,
     ``"cuda"``, ``"cuda:N"`` or ``"auto"``. ``dtype``: ``float32``, ``float64``, ``bfloat16``
-    or ``float16``.
+    or ``float16``. ``pack_fp16_weights``: on CPU in float32, weights that float16 holds exactly
+    (float16 checkpoints) also get a float16 copy for fbgemm's kernel, which multiplies in float32
+    (see :class:`~spectool.engine.model.Projection`); False keeps every product on torch.mm.
     """
 
     method: str = "none"
@@ -86,6 +88,7 @@ class EngineConfig:
     max_seq_len: int = 1024
     device: str = "cpu"
     dtype: str = "float32"
+    pack_fp16_weights: bool = True
 
     def __post_init__(self) -> None:
         where = "engine config"
@@ -285,21 +288,31 @@ class Engine:
         dtype = resolve_dtype(config.dtype)
         self.model_name = target_path.resolve().name
         self.target: Transformer = load_model(
-            target_path, device=self.device, dtype=dtype, max_seq_len=config.max_seq_len
+            target_path,
+            device=self.device,
+            dtype=dtype,
+            max_seq_len=config.max_seq_len,
+            pack_fp16=config.pack_fp16_weights,
         )
         self.tokenizer = Tokenizer.from_dir(target_path)
         self.vocab_size = self.target.args.vocab_size
         self.max_seq_len = self.target.max_seq_len
         self.max_draft_len = 0 if config.method == "none" else config.max_draft_len
         self._proposer: DraftModelProposer | None = None
+        self.drafter: Transformer | None = None
         drafter: Transformer | None = None
         if drafter_path is not None:
             drafter_path = Path(drafter_path)
             drafter = load_model(
-                drafter_path, device=self.device, dtype=dtype, max_seq_len=config.max_seq_len
+                drafter_path,
+                device=self.device,
+                dtype=dtype,
+                max_seq_len=config.max_seq_len,
+                pack_fp16=config.pack_fp16_weights,
             )
             self._check_drafter_vocab(target_path, drafter_path)
             self.max_seq_len = min(self.max_seq_len, drafter.max_seq_len)
+        self.drafter = drafter
         self._cache = self.target.new_cache(config.max_batch_size, self.max_seq_len)
         if drafter is not None:
             self._proposer = DraftModelProposer(

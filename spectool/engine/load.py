@@ -194,11 +194,14 @@ def load_model(
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
     max_seq_len: int = 2048,
+    pack_fp16: bool = True,
 ) -> Transformer:
     """Build a :class:`Transformer` from a Hugging Face folder, in eval mode, rope tables set up.
 
     ``max_seq_len`` (tokens) bounds the positions the model will be asked about; it is capped at
-    the checkpoint's ``max_position_embeddings``.
+    the checkpoint's ``max_position_embeddings``. ``pack_fp16``: projections whose float32
+    weights float16 holds exactly use fbgemm's float16-weight kernel on CPU
+    (:meth:`Transformer.pack_fp16_weights`).
     """
     folder = Path(folder)
     args = read_model_args(folder)
@@ -222,5 +225,7 @@ def load_model(
     model.load_state_dict(state, strict=True, assign=True)
     if args.tie_word_embeddings:
         model.tie_embeddings()
+    if pack_fp16:
+        model.pack_fp16_weights()
     model.setup_rope(min(max_seq_len, args.max_position_embeddings))
     return model.eval()

@@ -46,12 +46,14 @@ def write_checkpoint(
     tie: bool = False,
     max_shard_size: str | None = None,
     noise: float = 0.0,
+    save_dtype: torch.dtype = torch.float32,
     **extra: Any,
 ) -> Path:
     """Save a random ``arch`` model (llama, qwen2, qwen3) with a tokenizer into ``folder``.
 
     ``noise`` > 0 perturbs every weight after the seeded init: the same ``seed`` with a little
-    noise gives a drafter that agrees with the target often, but not always.
+    noise gives a drafter that agrees with the target often, but not always. ``save_dtype``:
+    the safetensors' dtype (``torch.float16``: a float16 checkpoint like the demo pair).
     """
     from transformers import (
         LlamaConfig,
@@ -95,6 +97,7 @@ def write_checkpoint(
             noise_gen = torch.Generator().manual_seed(seed + 1000)
             for param in model.parameters():
                 param.add_(torch.randn(param.shape, generator=noise_gen) * noise)
+    model = model.to(save_dtype)
     folder.mkdir(parents=True, exist_ok=True)
     save_kwargs: dict[str, Any] = {"safe_serialization": True}
     if max_shard_size is not None:

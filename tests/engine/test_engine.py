@@ -150,8 +150,11 @@ def test_rollback_leaves_caches_as_a_fresh_run(target_dir: Path, close_drafter_d
                 want_k, want_v = _fresh_cache_rows(folder, request.tokens, length)
                 got_k = cache.k[:, request.slot, :, :length]
                 got_v = cache.v[:, request.slot, :, :length]
-                assert torch.allclose(got_k, want_k, atol=1e-5, rtol=0)
-                assert torch.allclose(got_v, want_v, atol=1e-5, rtol=0)
+                # Float noise only (seen up to 1.6e-5 on entries up to 10.7 with MKL on AMD
+                # EPYC: a prefill sums in another order than step-by-step decoding); a leaked
+                # rejected token would move entries by about 1.
+                assert torch.allclose(got_k, want_k, atol=1e-4, rtol=0)
+                assert torch.allclose(got_v, want_v, atol=1e-4, rtol=0)
                 checked += 1
     assert rejected > 0
     assert checked > 4
