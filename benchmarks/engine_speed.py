@@ -338,8 +338,8 @@ def sweep(args: argparse.Namespace, target: Path, drafter: Path) -> bool:
     print(header + "  best      tokens per verify forward (k=1..)")
     wins_at_1 = False
     stopped: int | None = None
+    pack = not args.no_pack_fp16
     for batch in batches:
-        pack = not args.no_pack_fp16
         engines = {
             0: Engine(
                 target,
