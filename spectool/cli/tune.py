@@ -100,9 +100,17 @@ ReadyTimeoutOpt = Annotated[
     ),
 ]
 ConfidenceOpt = Annotated[
-    float, typer.Option("--confidence", help="Confidence of the bootstrap intervals.")
+    float, typer.Option("--confidence", help="Confidence of the decision's intervals.")
 ]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the prompts and the bootstrap.")]
+BudgetOpt = Annotated[
+    float,
+    typer.Option(
+        "--budget",
+        help="Seconds of measuring per speculative cell: paired blocks are added until the "
+        "cell is settled or this is spent (then it is inconclusive).",
+    ),
+]
 MinGainOpt = Annotated[
     float,
     typer.Option(
@@ -233,6 +241,7 @@ def tune(
     confidence: ConfidenceOpt = 0.95,
     seed: SeedOpt = 0,
     min_gain: MinGainOpt = 0.0,
+    budget: BudgetOpt = 30.0,
     trust_remote_code: TrustRemoteCodeOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -273,6 +282,7 @@ def tune(
         confidence=confidence,
         seed=seed,
         min_gain=min_gain,
+        budget_s=budget,
     )
     from spectool.cli.output import err_console
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -43,6 +43,9 @@ from spectool.decide.acceptance import expected_tokens_per_step
 from spectool.decide.cell import CellMeasurement, IterationSample
 from spectool.decide.latency import MS_PER_S, RequestRecord
 from spectool.errors import BadInputError
+
+if TYPE_CHECKING:
+    from spectool.decide.paired import PairedEstimate
 
 Verdict = Literal["pays", "does_not_pay", "inconclusive"]
 Source = Literal["iterations", "requests"]
@@ -77,10 +80,16 @@ class CellVerdict:
     step_cost_ratio: float | None
     predicted_speedup: float | None
     measured_speedup: float
+    paired: PairedEstimate | None = None
+
+    @property
+    def design(self) -> str:
+        """How the two sides were measured: ``interleaved``, ``bracketed`` or ``unpaired``."""
+        return "unpaired" if self.paired is None else self.paired.design
 
     def to_json(self) -> dict[str, object]:
         """The fields ``decision.json`` lists per cell."""
-        return {
+        out: dict[str, object] = {
             "concurrency": self.concurrency,
             "k": self.k,
             "lhs_ms_per_token": self.lhs_ms_per_token,
@@ -89,7 +98,11 @@ class CellVerdict:
             "ci_low": self.ci_low,
             "ci_high": self.ci_high,
             "verdict": self.verdict,
+            "design": self.design,
         }
+        if self.paired is not None:
+            out.update(self.paired.to_json())
+        return out
 
 
 def iteration_terms(samples: Sequence[IterationSample]) -> tuple[np.ndarray, np.ndarray]:

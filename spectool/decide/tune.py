@@ -72,9 +72,15 @@ from spectool.decide.model import (
     predict_grid,
     schedule_from_choices,
 )
+from spectool.decide.paired import (
+    PairedCell,
+    bracketed_estimate,
+    evaluate_paired,
+    verdict_from_estimate,
+)
 from spectool.errors import BadInputError
 
-MeasureFn = Callable[[int, int], CellMeasurement]
+MeasureFn = Callable[[int, int], "CellMeasurement | PairedCell"]
 CellKey = tuple[int, int]
 
 
@@ -266,6 +272,9 @@ def tune(
     min_gain: float = 0.0,
     accept_inconclusive: bool = False,
     semantics: ScheduleSemantics = "up_to",
+    looks: int = 1,
+    finished_pairs: Mapping[CellKey, PairedCell] | None = None,
+    measure_after: Callable[[int], CellMeasurement] | None = None,
 ) -> TuneResult:
     """Search draft lengths ``0..max_draft_len`` at ``concurrencies``; see the module docstring.
 
@@ -273,6 +282,14 @@ def tune(
     ``min_gain``: a cell must beat the baseline by this fraction to be chosen.
     ``accept_inconclusive``: also choose cells whose interval straddles 1 if their ratio is
     below 1 (default: only ``pays``).
+
+    Pairing (:mod:`spectool.decide.paired`): ``measure`` may return a
+    :class:`~spectool.decide.paired.PairedCell` for a speculative cell (speculative and baseline
+    blocks interleaved); its verdict then comes from the pairs (``looks``: how many times its
+    interval was looked at while blocks were added). ``finished_pairs`` are such cells from an
+    earlier run. ``measure_after(c)`` measures the baseline at ``c`` once more after every
+    speculative cell (the *bracketed* design, for servers that restart per draft length): each
+    unpaired speculative cell is then judged against the baselines before and after it.
     """
     concs = tuple(sorted(set(concurrencies)))
     if not concs or concs[0] < 1:
@@ -286,18 +303,29 @@ def tune(
     for key, cell in cells.items():
         if cell.key != key:
             raise BadInputError("tune", f"finished cell stored under {key} is for {cell.key}")
+    paired: dict[CellKey, PairedCell] = {
+        key: cell for key, cell in (finished_pairs or {}).items() if key in grid
+    }
+    for key, pair_cell in paired.items():
+        cells.setdefault(key, pair_cell.spec)
     reused = set(cells)
     measured_now: list[CellKey] = []
     notes: list[str] = []
 
     def get(c: int, k: int) -> CellMeasurement:
         if (c, k) not in cells:
-            cell = measure(c, k)
-            if cell.key != (c, k):
-                raise BadInputError("tune", f"measure({c}, {k}) returned the cell {cell.key}")
-            cells[(c, k)] = cell
+            result = measure(c, k)
+            if result.key != (c, k):
+                raise BadInputError("tune", f"measure({c}, {k}) returned the cell {result.key}")
+            if isinstance(result, PairedCell):
+                paired[(c, k)] = result
+                cells[(c, k)] = result.spec
+            else:
+                cells[(c, k)] = result
             measured_now.append((c, k))
         return cells[(c, k)]
+
+    after: dict[int, CellMeasurement] = {}
 
     plan = initial_plan(
         concs,
@@ -345,19 +373,34 @@ def tune(
             for k in range(1, max_draft_len + 1):
                 get(c, k)
 
-    def decide() -> tuple[tuple[CellVerdict, ...], dict[int, int], dict[int, int]]:
-        verdicts = tuple(
-            evaluate_cell(
-                cell,
-                cells[(c, 0)],
+    def verdict(c: int, k: int, cell: CellMeasurement) -> CellVerdict:
+        if (c, k) in paired:
+            return evaluate_paired(
+                paired[(c, k)],
                 alphas=alphas.get(c),
-                n_boot=n_boot,
                 confidence=confidence,
+                looks=looks,
+                n_boot=n_boot,
                 seed=seed,
             )
-            for (c, k), cell in sorted(cells.items())
-            if k > 0
+        if c in after:
+            estimate = bracketed_estimate(
+                cell, cells[(c, 0)], after[c], confidence=confidence, n_boot=n_boot, seed=seed
+            )
+            return verdict_from_estimate(
+                cell, cells[(c, 0)], estimate, alphas=alphas.get(c), n_boot=n_boot
+            )
+        return evaluate_cell(
+            cell,
+            cells[(c, 0)],
+            alphas=alphas.get(c),
+            n_boot=n_boot,
+            confidence=confidence,
+            seed=seed,
         )
+
+    def decide() -> tuple[tuple[CellVerdict, ...], dict[int, int], dict[int, int]]:
+        verdicts = tuple(verdict(c, k, cell) for (c, k), cell in sorted(cells.items()) if k > 0)
         ranking = _ranking_ratios(cells, verdicts)
         args = (concs, verdicts, ranking, min_gain, accept_inconclusive)
         return verdicts, _final_choices(*args), _final_choices(*args, cap=False)
@@ -380,6 +423,15 @@ def tune(
         for key in server_order(extra, last_k=last_k):
             get(*key)
         if extra:
+            verdicts, choices, uncapped = decide()
+    if measure_after is not None:
+        # Bracket: the baseline once more at every concurrency with an unpaired speculative cell.
+        for c in sorted({c for (c, k) in cells if k > 0 and (c, k) not in paired}):
+            baseline = measure_after(c)
+            if baseline.key != (c, 0):
+                raise BadInputError("tune", f"measure_after({c}) returned the cell {baseline.key}")
+            after[c] = baseline
+        if after:
             verdicts, choices, uncapped = decide()
     first_cell = next(
         (v for v in verdicts if (v.concurrency, v.k) == (concs[0], choices[concs[0]])), None

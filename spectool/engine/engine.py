@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -165,7 +165,9 @@ class IterationStats:
     target KV-cache capacity in tokens (max_batch_size x max_seq_len); ``used_num_tokens``:
     tokens held in it after the iteration. ``draft_len``: scheduled k for this batch size;
     ``accepted_per_pos[i]`` / ``drafted_per_pos[i]``: requests whose draft at position i was
-    accepted / proposed (length = max_draft_len; empty for ``method="none"``).
+    accepted / proposed (length = max_draft_len, or the draft length set by
+    :meth:`Engine.set_draft_len`; empty for ``method="none"``). ``num_decoded_requests``: requests
+    in this iteration's decode step (the new ones, prefilled in it, decode from the next one).
     """
 
     timestamp: float
@@ -188,6 +190,7 @@ class IterationStats:
     num_requests_with_draft_tokens: int
     accepted_per_pos: tuple[int, ...]
     drafted_per_pos: tuple[int, ...]
+    num_decoded_requests: int = 0
 
 
 def scheduled_draft_len(
@@ -227,6 +230,7 @@ class _Request:
     tokens: list[int]  # prompt + output; the last one is not yet in the target cache
     prompt_len: int
     slot: int = -1
+    drafter_slot: bool = False  # the drafter's cache holds this request (speculation was on)
 
     @property
     def num_output(self) -> int:
@@ -325,6 +329,11 @@ class Engine:
         self._stats: deque[IterationStats] = deque(maxlen=MAX_STATS_RECORDS)
         self._next_id = 0
         self._iter = 0
+        # set_draft_len(): a fixed draft length replacing the configured one and its schedule
+        self._fixed_draft_len: int | None = None
+        # step() hands the first tokens of newly prefilled requests to this callback before it
+        # decodes the running batch, so a stream's first chunk is the prefill token alone
+        self.on_prefill: Callable[[list[TokenEvent]], None] | None = None
 
     def _check_drafter_vocab(self, target_path: Path, drafter_path: Path) -> None:
         """Refuse a drafter whose tokenizer maps tokens to different ids than the target's."""
@@ -390,6 +399,38 @@ class Engine:
             self._stats.clear()
         return records
 
+    @property
+    def draft_len(self) -> int | None:
+        """The fixed draft length set by :meth:`set_draft_len` (None: the configured one)."""
+        return self._fixed_draft_len
+
+    def set_draft_len(self, k: int | None) -> None:
+        """Decode every later step at draft length ``k`` (0: no speculation), or go back to
+        the configured draft length and schedule (``None``). Only while idle.
+
+        ``k`` may be anything from 0 to the configured ``max_draft_len``; the proposer and its
+        cache stay loaded. With ``k = 0`` the drafter does no work at all (no prefill, no
+        drafting), so the step is the baseline's step on the same engine: this is how ``tune``
+        pairs speculative and baseline measurements in one server without a restart. Raises
+        :class:`BadInputError` for an out-of-range ``k`` or while requests are queued or running
+        (the drafter's cache must hold either every request or none).
+        """
+        if k is not None and not 0 <= k <= self.max_draft_len:
+            raise BadInputError(
+                "draft length",
+                f"{k} is outside 0..{self.max_draft_len} (the engine's max_draft_len)",
+            )
+        with self._lock:
+            if self._queue or self._running:
+                raise BadInputError(
+                    "draft length",
+                    f"cannot change while {len(self._queue) + len(self._running)} requests run",
+                )
+            self._fixed_draft_len = k
+
+    def _speculating(self) -> bool:
+        return self.max_draft_len > 0 and self._fixed_draft_len != 0
+
     # -- stepping (one thread) ---------------------------------------------------------------
 
     def _sync(self) -> None:
@@ -427,43 +468,42 @@ class Engine:
                 self._prefill(admitted, emits)
             self._sync()
         prefill_ms = (time.perf_counter() - t_prefill) * 1e3
-
+        # The new requests' first tokens go out now; they join the decode batch next step (as in
+        # TensorRT-LLM, where a context request generates from the following iteration on).
+        touched = bool(emits)  # prefills or aborts: the iteration is recorded
+        events = self._events({r.request_id for r in admitted}, emits)
+        finished = sum(e.finished for e in events)
+        if events and self.on_prefill is not None:
+            self.on_prefill(events)
+            events = []
+        new_ids = {r.request_id for r in admitted}
         batch = [
             r
             for r in self._running.values()
-            if emits.get(r.request_id, _Emit()).finish_reason is None
+            if r.request_id not in new_ids
+            and emits.get(r.request_id, _Emit()).finish_reason is None
         ]
-        draft_len = scheduled_draft_len(
-            len(batch),
-            self.max_draft_len,
-            self.config.draft_len_schedule,
-            self.config.max_concurrency,
-        )
-        accepted_per_pos = [0] * self.max_draft_len
-        drafted_per_pos = [0] * self.max_draft_len
+        if self._fixed_draft_len is not None:
+            draft_len = self._fixed_draft_len if batch else 0
+            positions = self._fixed_draft_len
+        else:
+            draft_len = scheduled_draft_len(
+                len(batch),
+                self.max_draft_len,
+                self.config.draft_len_schedule,
+                self.config.max_concurrency,
+            )
+            positions = self.max_draft_len
+        accepted_per_pos = [0] * positions
+        drafted_per_pos = [0] * positions
         counts = _DecodeCounts()
         if batch:
             with torch.inference_mode():
                 counts = self._decode(batch, draft_len, emits, accepted_per_pos, drafted_per_pos)
-
-        events: list[TokenEvent] = []
-        finished = 0
-        for request_id, emit in emits.items():
-            if emit.finish_reason is not None:
-                finished += 1
-                with self._lock:
-                    request = self._running.pop(request_id, None)
-                if request is not None:
-                    self._release(request)
-            events.append(
-                TokenEvent(
-                    request_id=request_id,
-                    token_ids=tuple(emit.tokens),
-                    finished=emit.finish_reason is not None,
-                    finish_reason=emit.finish_reason,
-                )
-            )
-        if emits or batch:
+        decoded = self._events(set(emits), emits)  # the batch's, and aborted requests'
+        finished += sum(e.finished for e in decoded)
+        events += decoded
+        if touched or batch:
             stats = IterationStats(
                 timestamp=time.time(),
                 iter=self._iter,
@@ -485,16 +525,38 @@ class Engine:
                 num_requests_with_draft_tokens=counts.num_requests_with_draft_tokens,
                 accepted_per_pos=tuple(accepted_per_pos),
                 drafted_per_pos=tuple(drafted_per_pos),
+                num_decoded_requests=len(batch),
             )
             with self._lock:
                 self._stats.append(stats)
             self._iter += 1
         return events
 
+    def _events(self, request_ids: set[int], emits: dict[int, _Emit]) -> list[TokenEvent]:
+        """Token events of ``request_ids`` from ``emits`` (removed from it); finished requests
+        leave the running set and free their cache slots."""
+        events: list[TokenEvent] = []
+        for request_id in [i for i in emits if i in request_ids]:
+            emit = emits.pop(request_id)
+            if emit.finish_reason is not None:
+                with self._lock:
+                    request = self._running.pop(request_id, None)
+                if request is not None:
+                    self._release(request)
+            events.append(
+                TokenEvent(
+                    request_id=request_id,
+                    token_ids=tuple(emit.tokens),
+                    finished=emit.finish_reason is not None,
+                    finish_reason=emit.finish_reason,
+                )
+            )
+        return events
+
     def _release(self, request: _Request) -> None:
         if request.slot >= 0:
             self._cache.free(request.slot)
-            if self._proposer is not None:
+            if self._proposer is not None and request.drafter_slot:
                 self._proposer.cache.free(request.slot)
             request.slot = -1
 
@@ -523,12 +585,13 @@ class Engine:
 
     def _prefill(self, admitted: list[_Request], emits: dict[int, _Emit]) -> None:
         """Write prompts into fresh slots and sample each request's first token."""
+        drafting = self._proposer is not None and self._speculating()
         for request in admitted:
             request.slot = self._cache.allocate()
-            if self._proposer is not None:
-                drafter_slot = self._proposer.cache.allocate()
-                if drafter_slot != request.slot:
-                    raise RuntimeError("target and drafter caches handed out different slots")
+            if drafting:
+                assert self._proposer is not None
+                self._proposer.cache.allocate(request.slot)  # the same slot in both caches
+                request.drafter_slot = True
         prompts = [r.tokens for r in admitted]
         tokens, positions = pack_rows(prompts, [0] * len(prompts))
         select = torch.tensor([[len(p) - 1] for p in prompts], dtype=torch.long)
@@ -542,7 +605,8 @@ class Engine:
         )  # [B, 1, V]
         for request in admitted:
             self._cache.set_length(request.slot, len(request.tokens))
-        if self._proposer is not None:
+        if drafting:
+            assert self._proposer is not None
             self._proposer.prefill([r.slot for r in admitted], prompts)
         rows = [self._row_sampling(r) for r in admitted]
         firsts = self._sample_rows(logits, rows)
@@ -659,7 +723,7 @@ class Engine:
                     accepted_per_pos[pos] += 1
             # The cache holds the context and all k drafts: drop the rejected ones (no copy).
             self._cache.rollback(request.slot, num_before + verdict.num_accepted)
-            if self._proposer is not None:
+            if self._proposer is not None and request.drafter_slot:
                 self._proposer.commit(request.slot, num_before + verdict.num_accepted)
             emit = emits.setdefault(request.request_id, _Emit())
             self._append(request, verdict.token_ids, emit)

@@ -77,11 +77,17 @@ class KVCache:
     def used_slots(self) -> frozenset[int]:
         return frozenset(self._used)
 
-    def allocate(self) -> int:
-        """Take a free slot for a joining request; its length starts at 0."""
+    def allocate(self, slot: int | None = None) -> int:
+        """Take a free slot for a joining request (``slot``: that one, e.g. the target's slot
+        for the drafter's cache); its length starts at 0."""
         if not self._free:
             raise RuntimeError("KV cache has no free slot")
-        slot = self._free.pop()
+        if slot is None:
+            slot = self._free.pop()
+        elif slot in self._free:
+            self._free.remove(slot)
+        else:
+            raise RuntimeError(f"slot {slot} is not free")
         self._used.add(slot)
         self.lengths[slot] = 0
         return slot

@@ -71,7 +71,8 @@ class TrialConfig:
     configs are the same trial for resuming, so the label must tell server settings apart.
     ``max_tokens`` is the output length of prompts that carry none of their own.
     ``workload_id`` is :func:`~spectool.measure.workloads.workload_id` of the prompts (checked
-    by :func:`run_trial` when set).
+    by :func:`run_trial` when set). ``prompt_offset``: measured request ``i`` sends prompt
+    ``(prompt_offset + i) % len(prompts)`` (short blocks of one cell cycle through the prompts).
     """
 
     label: str
@@ -84,6 +85,7 @@ class TrialConfig:
     seed: int = 0
     workload_id: str = ""
     request: RequestOptions = dataclasses.field(default_factory=RequestOptions)
+    prompt_offset: int = 0
 
     def __post_init__(self) -> None:
         where = f"trial {self.label!r}"
@@ -101,6 +103,8 @@ class TrialConfig:
             )
         if self.time_limit_s is not None and not self.time_limit_s > 0:
             raise BadInputError(where, f"time_limit_s must be > 0, got {self.time_limit_s}")
+        if self.prompt_offset < 0:
+            raise BadInputError(where, f"prompt_offset must be >= 0, got {self.prompt_offset}")
 
     @property
     def mode(self) -> Literal["closed", "open"]:
@@ -108,8 +112,12 @@ class TrialConfig:
         return "closed" if self.concurrency is not None else "open"
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-ready dict (``request`` nested)."""
-        return dataclasses.asdict(self)
+        """Plain JSON-ready dict (``request`` nested; ``prompt_offset`` only when set, so
+        trials saved before it existed keep their keys)."""
+        data = dataclasses.asdict(self)
+        if not self.prompt_offset:
+            del data["prompt_offset"]
+        return data
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "trial config") -> TrialConfig:
@@ -264,6 +272,7 @@ class _MetricsPoller:
         self.client = client
         self.interval_s = interval_s
         self.path = path
+        self.after = -1  # a path with ``{after}`` pages by iteration number (nothing drained)
         self.raw: list[dict[str, Any]] = []
         self.parsed: list[IterationStats] = []
         self.error: str | None = None
@@ -273,13 +282,17 @@ class _MetricsPoller:
     async def poll_once(self, keep: bool = True) -> None:
         if self.error is not None:
             return
-        where = self.client.base_url + self.path
+        path = self.path.format(after=self.after) if "{after}" in self.path else self.path
+        where = self.client.base_url + path
         try:
-            payload = await self.client.get_json(self.path)
+            payload = await self.client.get_json(path)
             parsed = parse_iteration_stats(payload, where=where)
         except Exception as e:  # no JSON iteration stats here: note it, stop polling
             self.error = f"{where}: {type(e).__name__}: {e}"
             return
+        numbers = [it.iter for it in parsed if it.iter is not None]
+        if numbers:
+            self.after = max(self.after, *numbers)
         if keep:
             self.raw.extend(payload)
             self.parsed.extend(parsed)
@@ -292,15 +305,24 @@ class _MetricsPoller:
             except asyncio.TimeoutError:
                 pass
 
+    @property
+    def paged(self) -> bool:
+        """Whether the path pages by iteration number (``{after}``): nothing is drained, so
+        one read after the trial gets every iteration, and spectool's server records a step's
+        stats before it sends the step's tokens, so nothing trails the last response."""
+        return "{after}" in self.path
+
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop())
+        if not self.paged:
+            self._task = asyncio.create_task(self._loop())
 
     async def stop(self) -> None:
-        """Stop polling, then read once more after one interval (stats may trail responses)."""
+        """Stop polling, then read once more (after one interval where stats may trail)."""
         self._stop.set()
         if self._task is not None:
             await self._task
-        await asyncio.sleep(self.interval_s)
+        if not self.paged:
+            await asyncio.sleep(self.interval_s)
         await self.poll_once()
 
 
@@ -377,13 +399,13 @@ async def run_trial(
 
     poller = _MetricsPoller(client, metrics_interval_s, metrics_path) if poll_metrics else None
     if poller is not None:  # drop warmup and earlier iterations, trailing ones included
-        if config.warmup_requests:
+        if config.warmup_requests and not poller.paged:
             await asyncio.sleep(metrics_interval_s)
         await poller.poll_once(keep=False)
     results: dict[int, StreamResult] = {}
 
     async def send(index: int) -> None:
-        prompt = prompts[index % n_prompts]
+        prompt = prompts[(config.prompt_offset + index) % n_prompts]
         result = await client.stream(
             prompt,
             request_id=f"r{index:05d}",
@@ -511,6 +533,7 @@ def measure(
     count_tokens: Callable[[str], int] | None = None,
     metrics_interval_s: float = 0.5,
     poll_metrics: bool = True,
+    metrics_path: str = METRICS_PATH,
 ) -> list[TrialResult]:
     """Blocking :func:`run_trials` against ``base_url`` (for the CLI, outside any event loop)."""
 
@@ -524,6 +547,7 @@ def measure(
                 progress=progress,
                 metrics_interval_s=metrics_interval_s,
                 poll_metrics=poll_metrics,
+                metrics_path=metrics_path,
             )
 
     return asyncio.run(main())

@@ -26,6 +26,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
@@ -206,6 +207,33 @@ def create_app(
             return []
         return [iteration_stats_json(s) for s in state.driver.drain_stats()]
 
+    @app.get("/spectool/iterations")
+    async def iterations(after: int = -1) -> list[dict[str, Any]]:
+        """Iteration records numbered above ``after``, not drained (spectool's own reader:
+        another client reading ``/metrics`` cannot take them away)."""
+        if state.driver is None:
+            return []
+        return [iteration_stats_json(s) for s in state.driver.iterations_after(after)]
+
+    @app.get("/spectool/draft_len")
+    async def get_draft_len() -> dict[str, Any]:
+        driver = _ready_driver(state)
+        return _draft_len_json(driver)
+
+    @app.post("/spectool/draft_len")
+    async def set_draft_len(body: DraftLenRequest) -> dict[str, Any]:
+        """Decode at draft length ``k`` from now on (0: speculation off; null: as configured).
+
+        spectool's own endpoint (``tune`` pairs baseline and speculative blocks on one server
+        with it); refused with 409 while requests are in flight."""
+        driver = _ready_driver(state)
+        try:
+            driver.set_draft_len(body.k)
+        except BadInputError as exc:
+            busy = driver.num_unfinished > 0 or "requests run" in str(exc)
+            raise APIError(409 if busy else 400, str(exc), param="k") from None
+        return _draft_len_json(driver)
+
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         driver = _ready_driver(state)
@@ -274,6 +302,21 @@ def create_app(
         )
 
     return app
+
+
+class DraftLenRequest(BaseModel):
+    """Body of ``POST /spectool/draft_len``."""
+
+    model_config = ConfigDict(extra="forbid")
+    k: int | None = Field(ge=0)
+
+
+def _draft_len_json(driver: AsyncEngine) -> dict[str, Any]:
+    return {
+        "draft_len": driver.engine.draft_len,
+        "max_draft_len": driver.engine.max_draft_len,
+        "last_iteration": driver.last_iteration(),
+    }
 
 
 def _load_engine(

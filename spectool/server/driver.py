@@ -32,6 +32,7 @@ logger = logging.getLogger("spectool.server")
 
 DEFAULT_MAX_STATS_LEN = 1000  # TensorRT-LLM's max_stats_len default
 IDLE_WAIT_S = 0.5  # the stepping thread re-checks for work at least this often
+HISTORY_LEN = 20_000  # iteration records kept for iterations_after (not drained)
 
 
 class EngineDeadError(RuntimeError):
@@ -208,6 +209,9 @@ class AsyncEngine:
         self._stopping = threading.Event()
         self._stats_lock = threading.Lock()
         self._stats: deque[IterationStats] = deque(maxlen=max_stats_len)
+        # The same records, not drained: readers page through them by iteration number
+        # (iterations_after), so a /metrics reader elsewhere cannot take tune's samples.
+        self._history: deque[IterationStats] = deque(maxlen=HISTORY_LEN)
         self._streams: dict[int, RequestStream] = {}
         self.error: BaseException | None = None
         # Finish reasons of the engine's events (loop thread only): "stop", "length", "abort".
@@ -220,6 +224,8 @@ class AsyncEngine:
         if self._thread is not None:
             raise RuntimeError("AsyncEngine already started")
         self._loop = loop or asyncio.get_running_loop()
+        # first tokens go out as soon as their prefill ends, before the step's decode
+        self.engine.on_prefill = lambda events: self._call_soon(self._dispatch, events)
         self._thread = threading.Thread(target=self._run, name="spectool-engine", daemon=True)
         self._thread.start()
 
@@ -292,6 +298,27 @@ class AsyncEngine:
             self._stats.clear()
         return records
 
+    def iterations_after(self, after: int) -> list[IterationStats]:
+        """Iteration records numbered above ``after``, oldest first; nothing is drained."""
+        with self._stats_lock:
+            return [r for r in self._history if r.iter > after]
+
+    def last_iteration(self) -> int:
+        """The newest recorded iteration's number (-1 before the first)."""
+        with self._stats_lock:
+            return self._history[-1].iter if self._history else -1
+
+    def set_draft_len(self, k: int | None) -> None:
+        """Fix the engine's draft length (0: speculation off), or None for the configured
+        one; only while no request is in flight (see :meth:`Engine.set_draft_len`)."""
+        if self._streams:
+            from spectool.errors import BadInputError
+
+            raise BadInputError(
+                "draft length", f"cannot change while {len(self._streams)} requests run"
+            )
+        self.engine.set_draft_len(k)
+
     # -- the stepping thread -------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -313,6 +340,7 @@ class AsyncEngine:
             if records:
                 with self._stats_lock:
                     self._stats.extend(records)
+                    self._history.extend(records)
             if events:
                 self._call_soon(self._dispatch, events)
 

@@ -16,6 +16,10 @@ positions, so ``tokensPerBlock`` is 1, ``maxNumBlocks`` is max_batch_size x max_
 ``usedNumBlocks`` the positions holding tokens after the iteration. There is no prefix reuse:
 ``reusedBlocks`` and ``missedBlocks`` are 0.
 
+``inflightBatchingStats``: ``numContextRequests`` are the requests prefilled in the iteration,
+``numGenRequests`` those decoded in it (a new request decodes from the next iteration on, as in
+TensorRT-LLM); ``numCtxTokens`` is not counted (0).
+
 ``spectoolStats`` adds what TensorRT-LLM does not report: accepted and drafted counts per draft
 position, the phase times (ms) and the scheduled draft length.
 """
@@ -61,6 +65,15 @@ def iteration_stats_json(stats: IterationStats) -> dict[str, Any]:
             "reusedBlocks": 0,
             "missedBlocks": 0,
             "cacheHitRate": 0.0,
+        },
+        "inflightBatchingStats": {
+            "numScheduledRequests": stats.num_active_requests,
+            "numContextRequests": stats.num_new_active_requests,
+            "numGenRequests": stats.num_decoded_requests,
+            "numPausedRequests": 0,
+            "numCtxTokens": 0,
+            "avgNumDecodedTokensPerIter": 0.0,
+            "microBatchId": 0,
         },
     }
     if stats.drafted_per_pos:  # speculation configured (one entry per draft position)

@@ -4,7 +4,9 @@ One implementation per engine: :class:`~spectool.tuning.torch_driver.TorchDriver
 embedded engine, in a worker process) and :class:`~spectool.tuning.trtllm_driver.TrtllmDriver`
 (``trtllm-serve`` per configuration, configured by ``spectool build``'s code). At most one
 server runs at a time: asking for another ``k`` stops the current one first, so the server
-being measured has the machine to itself.
+being measured has the machine to itself. The embedded engine's driver keeps one server and
+switches its draft length in place (``interleaves``), which is what lets ``tune`` alternate
+speculative and baseline blocks; trtllm-serve needs a restart per draft length.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ class ServerInfo:
     model_name: str
     k: int
     ready_s: float
+    # where iteration stats are read: spectool's server pages through them by iteration number
+    # (nothing drained, so another reader of /metrics cannot take them); trtllm-serve: /metrics
+    metrics_path: str = "/metrics"
 
 
 class ServerDriver(Protocol):
@@ -29,6 +34,9 @@ class ServerDriver(Protocol):
 
     engine: str
     starts: int  # servers started so far
+    # True when serve(k) switches the running server's draft length in place (no restart):
+    # cells are then measured in interleaved pairs; otherwise the baseline brackets them.
+    interleaves: bool
 
     def serve(self, k: int) -> ServerInfo:
         """A server running draft length ``k`` (the current one when it already does)."""

@@ -1,9 +1,10 @@
 """The tune figures, as PNG files in the tune folder (matplotlib, Agg backend, imported lazily).
 
 * ``speedup_heatmap.png``: speedup ``rhs / lhs`` (per-token time without speculation over with
-  it) for every ``k >= 1`` x concurrency. Measured cells are drawn solid with their value;
-  cells ``tune`` did not measure show the model's prediction, hatched and marked ``pred``; the
-  chosen cell of each concurrency is outlined. The colour scale is centred on 1 (no change).
+  it) for every ``k >= 1`` x concurrency. Measured cells are drawn solid with their value and
+  interval, cross-hatched when ``inconclusive``; cells ``tune`` did not measure show the
+  model's prediction, hatched and marked ``pred``; the chosen cell of each concurrency is
+  outlined. The colour scale is centred on 1 (no change).
 * ``latency_vs_concurrency.png``: ms per output token (token-weighted TPOT) against concurrency,
   one line per measured ``k`` (``k = 0`` in black), with bootstrap intervals as error bars.
 * ``acceptance_per_position.png``: ``alpha_i`` per draft position, one line per concurrency,
@@ -56,6 +57,7 @@ def speedup_heatmap(outcome: TuneOutcome, path: Path) -> Path:
     concs = list(result.concurrencies)
     ks = list(range(1, result.searched_max_draft_len + 1))
     measured = {(v.concurrency, v.k): 1.0 / v.ratio for v in result.cells}
+    verdicts = {(v.concurrency, v.k): v for v in result.cells}
     predicted = {(p.concurrency, p.k): 1.0 / p.ratio for p in result.predictions if p.ratio > 0}
     grid = np.full((len(ks), len(concs)), np.nan)
     for i, k in enumerate(ks):
@@ -77,7 +79,11 @@ def speedup_heatmap(outcome: TuneOutcome, path: Path) -> Path:
                 ax.text(j, i, "n/a", ha="center", va="center", fontsize=8, color="grey")
                 continue
             is_measured = (c, k) in measured
-            label = f"{grid[i, j]:.2f}" + ("" if is_measured else "\npred")
+            v = verdicts.get((c, k))
+            if v is not None:  # the speedup and its interval (the ratio's, inverted)
+                label = f"{grid[i, j]:.2f}\n{1 / v.ci_high:.2f}-{1 / v.ci_low:.2f}"
+            else:
+                label = f"{grid[i, j]:.2f}\npred"
             dark = abs(float(norm(np.log2(grid[i, j]))) - 0.5) > 0.3  # deep colour: white text
             ax.text(
                 j,
@@ -89,6 +95,18 @@ def speedup_heatmap(outcome: TuneOutcome, path: Path) -> Path:
                 color="white" if dark else "black",
                 fontweight="bold" if is_measured else "normal",
             )
+            if v is not None and v.verdict == "inconclusive":
+                ax.add_patch(
+                    Rectangle(
+                        (j - 0.5, i - 0.5),
+                        1,
+                        1,
+                        fill=False,
+                        hatch="xx",
+                        edgecolor="dimgrey",
+                        linewidth=0,
+                    )
+                )
             if not is_measured:
                 ax.add_patch(
                     Rectangle(
@@ -117,7 +135,8 @@ def speedup_heatmap(outcome: TuneOutcome, path: Path) -> Path:
     ax.set_xlabel("concurrency")
     ax.set_ylabel("draft length k")
     ax.set_title(
-        "speedup per token vs. no speculation\n(bold: measured, hatched: predicted, box: chosen)",
+        "speedup per token vs. no speculation, with its interval\n"
+        "(bold: measured, ///: predicted, xx: inconclusive, box: chosen)",
         fontsize=9,
     )
     bar = fig.colorbar(image, ax=ax, label="rhs / lhs (>1: speculation pays)")

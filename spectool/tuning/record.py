@@ -27,7 +27,9 @@ from typing import TYPE_CHECKING, Any
 import spectool
 from spectool.decide.cell import CellMeasurement
 from spectool.io import atomic_write_text
+from spectool.tuning.pairing import LOOK_EVERY, LOOKS, MAX_PAIRS
 from spectool.tuning.setup import TUNE_NAME
+from spectool.tuning.trials import BLOCK_WAVES
 
 if TYPE_CHECKING:
     from spectool.tuning.session import TuneOutcome
@@ -78,7 +80,11 @@ def tune_json(outcome: TuneOutcome) -> dict[str, Any]:
                 "concurrency": c,
                 "k": k,
                 "measured_now": key in measured_now,
-                "verdict": dataclasses.asdict(verdict) if verdict is not None else None,
+                "verdict": (
+                    {**dataclasses.asdict(verdict), "design": verdict.design}
+                    if verdict is not None
+                    else None
+                ),
                 "stats": outcome.stats[key].to_json() if key in outcome.stats else None,
                 "raw": _raw(cell),
             }
@@ -100,6 +106,13 @@ def tune_json(outcome: TuneOutcome) -> dict[str, Any]:
             "n_boot": req.n_boot,
             "seed": req.seed,
             "min_gain": req.min_gain,
+            "pairing": {
+                "budget_s": req.budget_s,
+                "block_waves": BLOCK_WAVES,
+                "look_every": LOOK_EVERY,
+                "max_pairs": MAX_PAIRS,
+                "looks": LOOKS,
+            },
         },
         "workload": outcome.prompts.to_json(),
         "runs": {
@@ -111,7 +124,6 @@ def tune_json(outcome: TuneOutcome) -> dict[str, Any]:
             "server_starts": outcome.server_starts,
         },
         "timing": {"wall_s": outcome.wall_s, "measure_s": outcome.measure_s},
-        "drift": outcome.drift.to_json() if outcome.drift is not None else None,
         "cells": cells,
         "cost_model": (
             None if model is None else {**dataclasses.asdict(model), "fitted": list(model.fitted)}

@@ -9,6 +9,7 @@ Numbers come from :class:`~spectool.tuning.session.TuneOutcome` only; nothing is
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,6 +19,7 @@ from spectool.tuning.setup import PLOT_NAMES, REPORT_NAME
 from spectool.tuning.stats import Interval
 
 if TYPE_CHECKING:
+    from spectool.decide.cost import CellVerdict
     from spectool.tuning.session import TuneOutcome
 
 DASH = "–"
@@ -55,6 +57,63 @@ def _grid_table(outcome: TuneOutcome, title: str, cell_text: object) -> list[str
             row.append(DASH if s is None else cell_text(s))  # type: ignore[operator]
         rows.append(row)
     return [f"### {title}", "", *_table(["", *(f"c={c}" for c in concs)], rows)]
+
+
+def design_line(verdicts: Sequence[CellVerdict]) -> str:
+    """How the cells' two sides were measured, in one line."""
+    designs = sorted({v.design for v in verdicts})
+    text = {
+        "interleaved": "speculative and baseline blocks interleaved on one server (A B, B A, "
+        "...), each ratio from pairs measured back to back, blocks added until the interval "
+        "is clear of the threshold or the cell's budget is spent",
+        "bracketed": "the baseline measured before and after the speculative cells (a new "
+        "draft length is a server restart); each interval spans both comparisons",
+        "unpaired": "each speculative cell against a baseline measured separately",
+    }
+    return "; ".join(f"{d}: {text[d]}" for d in designs) + "." if designs else "no cells."
+
+
+def _noise_section(verdicts: Sequence[CellVerdict]) -> list[str]:
+    """Per cell: design, pairs, their spread, each arm's drift; why a cell is inconclusive."""
+    rows = []
+    for v in verdicts:
+        est = v.paired
+        if est is None:
+            rows.append([str(v.concurrency), str(v.k), v.design, DASH, DASH, DASH, DASH, DASH])
+            continue
+        ratios = " ".join(f"{math.exp(d):.3f}" for d in est.log_ratios)
+        why = DASH
+        if v.verdict == "inconclusive":
+            wide = (
+                "pairs disagree"
+                if est.spread > 2 * est.within_se * math.sqrt(est.pairs)
+                else "too few tokens"
+            )
+            why = f"not settled after {est.pairs} pairs ({wide})"
+        rows.append(
+            [
+                str(v.concurrency),
+                str(v.k),
+                est.design,
+                str(est.pairs),
+                ratios,
+                f"{est.spread:.3f}",
+                f"{est.drift_base - 1:+.1%} / {est.drift_spec - 1:+.1%}",
+                why,
+            ]
+        )
+    return [
+        "## Pairs and noise per cell",
+        "",
+        "Pair ratios: lhs / rhs of each speculative block against the baseline block beside it. "
+        "Spread: standard deviation of their logarithms (what the pairing did not cancel). "
+        "Drift: each arm's last block against its first (baseline / speculative), the machine's "
+        "change of speed while the cell was measured.",
+        "",
+        *_table(
+            ["c", "k", "design", "pairs", "pair ratios", "spread", "drift", "inconclusive"], rows
+        ),
+    ]
 
 
 def report_markdown(outcome: TuneOutcome) -> str:
@@ -160,16 +219,7 @@ def report_markdown(outcome: TuneOutcome) -> str:
         f"- Trials measured in this run: {outcome.trials_measured_now}; server starts: "
         f"{outcome.server_starts}; measuring took {outcome.measure_s:.1f} s, the whole run "
         f"{outcome.wall_s:.1f} s.",
-        (
-            f"- Stability: {outcome.drift.describe()}"
-            + (
-                ": **the machine's speed changed during the run**."
-                if outcome.drift.significant
-                else ": no significant change."
-            )
-            if outcome.drift is not None
-            else "- Stability: not checked (nothing was measured in this run)."
-        ),
+        f"- Design: {design_line(result.cells)}",
         "",
         "## Latency and throughput per k x concurrency",
         "",
@@ -232,6 +282,7 @@ def report_markdown(outcome: TuneOutcome) -> str:
         ],
         rows,
     )
+    lines += _noise_section(result.cells)
     # -- predicted vs measured
     lines += ["## Predicted against measured", ""]
     if result.checks:

@@ -84,6 +84,7 @@ class TuneRequest:
     n_boot: int = 1000
     seed: int = 0
     min_gain: float = 0.0
+    budget_s: float = 30.0  # per paired cell: blocks are added until settled or this is spent
 
 
 @dataclass(frozen=True)

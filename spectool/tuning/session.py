@@ -6,13 +6,15 @@ Order of work:
    against ``--resume``/``--force`` (:func:`~spectool.tuning.setup.prepare_out_dir`);
 2. cells already measured in ``DIR/trials.jsonl`` (every repeat saved) are loaded and handed to
    the search as finished: they are never measured again;
-3. :func:`spectool.decide.tune.tune` searches: it asks for a cell, this module starts the server
-   for its ``k`` (the driver keeps it while consecutive cells share ``k``), runs the cell's
-   trials through :func:`spectool.measure.runner.measure` (each trial appended to
-   ``trials.jsonl`` the moment it ends) and pools them (:mod:`~spectool.tuning.trials`);
-4. one early cell is measured once more (:mod:`~spectool.tuning.drift`): a machine whose speed
-   changed during the run is reported, not silently trusted;
-5. outputs: ``decision.json`` and the build files (:mod:`~spectool.tuning.deploy`),
+3. :func:`spectool.decide.tune.tune` searches: it asks for a cell and this module measures it
+   through :func:`spectool.measure.runner.measure` (each trial appended to ``trials.jsonl`` the
+   moment it ends). Baselines are one trial (or ``--repeats``). A speculative cell, on a server
+   that switches its draft length in place (the embedded engine), is measured in interleaved
+   pairs of speculative and baseline blocks until its paired interval is settled
+   (:mod:`~spectool.tuning.pairing`): every ratio compares measurements of the same minute. On
+   trtllm-serve (a restart per draft length) the baselines are measured again after the
+   speculative cells and bracket them (``measure_after``);
+4. outputs: ``decision.json`` and the build files (:mod:`~spectool.tuning.deploy`),
    ``tune.json`` (:mod:`~spectool.tuning.record`), ``report.md`` (:mod:`~spectool.tuning.report`)
    and the PNG figures (:mod:`~spectool.tuning.plots`).
 
@@ -30,15 +32,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from spectool.decide.cell import CellMeasurement
+from spectool.decide.cell import CellMeasurement, pooled
 from spectool.decide.model import ScheduleSemantics
+from spectool.decide.paired import PairedCell
 from spectool.decide.tune import TuneResult, tune
 from spectool.errors import ChildProcessError_, SpectoolError
 from spectool.io import atomic_write_text
 from spectool.measure.client import StreamResult
 from spectool.measure.runner import Progress, TrialConfig, TrialResult, load_trials
-from spectool.tuning.drift import Drift, drift_reference, measure_drift
 from spectool.tuning.driver import ServerDriver, ServerInfo
+from spectool.tuning.pairing import LOOKS, NotSaved, drift_notes, measure_paired
 from spectool.tuning.prompts import TunePrompts, tune_prompts
 from spectool.tuning.request import ResolvedTune
 from spectool.tuning.setup import (
@@ -83,7 +86,6 @@ class TuneOutcome:
     stats: dict[CellKey, CellStats]
     trials_measured_now: int
     server_starts: int
-    drift: Drift | None
     wall_s: float
     measure_s: float
     files: tuple[Path, ...]
@@ -183,6 +185,7 @@ def make_driver(resolved: ResolvedTune, out: Path) -> ServerDriver:
             threads=resolved.threads,
             log_path=out / SERVER_LOG_NAME,
             ready_timeout_s=resolved.ready_timeout_s,
+            max_draft_len=resolved.max_draft_len,
         )
     from spectool.tuning.trtllm_driver import TrtllmDriver
 
@@ -246,6 +249,43 @@ def finished_cells(
             _check_requests(results, f"saved cell (concurrency={c}, k={k})")
             cells[(c, k)] = pooled_cell(results, k)
     return cells
+
+
+def paired_options(resolved: ResolvedTune) -> dict[str, object]:
+    """The stopping rule's settings (the same for a resumed run)."""
+    req = resolved.request
+    return {
+        "threshold": 1.0 - req.min_gain,
+        "confidence": req.confidence,
+        "seed": req.seed,
+        "budget_s": req.budget_s,
+    }
+
+
+def finished_pairs(
+    saved: Mapping[str, TrialResult],
+    plan: CellPlan,
+    grid: Sequence[CellKey],
+    options: Mapping[str, object],
+) -> dict[CellKey, PairedCell]:
+    """Paired cells of ``grid`` whose every block is in ``saved`` (up to where they stopped)."""
+    out: dict[CellKey, PairedCell] = {}
+    for c, k in grid:
+        if k == 0:
+            continue
+
+        def lookup(pair: int, arm: int, c: int = c, k: int = k) -> TrialResult:
+            trial = saved.get(plan.block_config(c, k, pair, arm).key())
+            if trial is None:
+                raise NotSaved
+            _check_requests([trial], f"saved block (concurrency={c}, k={k})")
+            return trial
+
+        try:
+            out[(c, k)] = measure_paired(c, k, lookup, **options)  # type: ignore[arg-type]
+        except NotSaved:
+            continue
+    return out
 
 
 class _CountingHooks:
@@ -312,45 +352,80 @@ def run_tune(
     failed = drop_failed_trials(trials_path, saved)
     if failed and progress is not None:
         progress.on_message(f"resuming: {failed} saved trials had failed requests; measuring again")
-    finished = finished_cells(load_trials(trials_path) if failed else saved, plan, grid)
-    if finished and progress is not None:
-        progress.on_message(f"resuming: {len(finished)} cells already measured in {trials_path}")
+    saved = load_trials(trials_path) if failed else saved
+    finished = finished_cells(saved, plan, grid)
+    options = paired_options(resolved)
+    pairs_done = finished_pairs(saved, plan, grid, options)
+    if (finished or pairs_done) and progress is not None:
+        progress.on_message(
+            f"resuming: {len(finished) + len(pairs_done)} cells already measured in {trials_path}"
+        )
     cells: dict[CellKey, CellMeasurement] = dict(finished)
+    base_blocks: dict[int, list[CellMeasurement]] = {}  # baseline blocks of paired cells
+
+    def keep_pairs(key: CellKey, cell: PairedCell) -> PairedCell:
+        cells[key] = cell.spec
+        base_blocks.setdefault(key[0], []).append(cell.base)
+        return cell
+
+    for key, paired_cell in pairs_done.items():
+        keep_pairs(key, paired_cell)
     cells_started = 0
     hooks = _CountingHooks(progress, should_stop)
     driver = make_driver(resolved, out)
     measure_started = time.perf_counter()
     with driver:
 
-        def measure_cell(c: int, k: int) -> CellMeasurement:
-            nonlocal cells_started
-            hooks.check()
-            cells_started += 1
-            if progress is not None:
-                progress.on_cell_start(c, k, cells_started)
+        def run_trials(configs: list[TrialConfig], k: int, where: str) -> list[TrialResult]:
             info = driver.serve(k)
-            if progress is not None:
+            if progress is not None and info.ready_s > 0:
                 progress.on_server_ready(info)
             results = measure(
                 info.base_url,
                 info.model_name,
                 prompts.prompts,
-                plan.configs(c, k),
+                configs,
                 results_path=trials_path,
                 progress=hooks,
                 count_tokens=count_tokens,
                 metrics_interval_s=METRICS_INTERVAL_S,
+                metrics_path=info.metrics_path,
             )
-            _check_requests(results, f"cell (concurrency={c}, k={k})")
-            cell = pooled_cell(results, k)
+            _check_requests(results, where)
+            return results
+
+        def measure_cell(c: int, k: int) -> CellMeasurement | PairedCell:
+            nonlocal cells_started
+            hooks.check()
+            cells_started += 1
+            if progress is not None:
+                progress.on_cell_start(c, k, cells_started)
+            where = f"cell (concurrency={c}, k={k})"
+            if k > 0 and driver.interleaves:
+
+                def block(pair: int, arm: int) -> TrialResult:
+                    config = plan.block_config(c, k, pair, arm)
+                    trial = saved.get(config.key())
+                    return trial if trial is not None else run_trials([config], arm, where)[0]
+
+                return keep_pairs((c, k), measure_paired(c, k, block, **options))  # type: ignore[arg-type]
+            cell = pooled_cell(run_trials(plan.configs(c, k), k, where), k)
             cells[(c, k)] = cell
             return cell
+
+        def measure_after(c: int) -> CellMeasurement:
+            config = plan.after_config(c)
+            trial = saved.get(config.key())
+            if trial is None:
+                trial = run_trials([config], 0, f"baseline again (concurrency={c})")[0]
+            return pooled_cell([trial], 0)
 
         result = tune(
             concs,
             resolved.max_draft_len,
             measure_cell,
             finished=finished,
+            finished_pairs=pairs_done,
             engine=resolved.engine,
             method=resolved.method,
             n_boot=req.n_boot,
@@ -358,33 +433,15 @@ def run_tune(
             seed=req.seed,
             min_gain=req.min_gain,
             semantics=schedule_semantics(resolved),
+            looks=LOOKS,
+            measure_after=None if driver.interleaves else measure_after,
         )
-        drift = None
-        if result.measured_now:  # something was measured in this run: check the machine
-            c_ref, k_ref = drift_reference(result.measured_now, (concs[0], 0))
-            info = driver.serve(k_ref)
-            ended = measure(
-                info.base_url,
-                info.model_name,
-                prompts.prompts,
-                [plan.drift_config(c_ref, k_ref)],
-                results_path=trials_path,
-                progress=hooks,
-                count_tokens=count_tokens,
-                metrics_interval_s=METRICS_INTERVAL_S,
-            )
-            _check_requests(ended, f"cell again (concurrency={c_ref}, k={k_ref})")
-            drift = measure_drift(
-                cells[(c_ref, k_ref)],
-                pooled_cell(ended, k_ref),
-                n_boot=req.n_boot,
-                confidence=req.confidence,
-                seed=req.seed,
-            )
         server_starts = driver.starts
     measure_s = time.perf_counter() - measure_started
     used = {(v.concurrency, v.k) for v in result.cells} | {(c, 0) for c in concs}
     cells = {key: cell for key, cell in cells.items() if key in used}
+    for c, blocks in base_blocks.items():  # a concurrency's baseline: every baseline block
+        cells[(c, 0)] = pooled([cells[(c, 0)], *blocks]) if (c, 0) in cells else pooled(blocks)
     stats = {
         key: cell_stats(cell, n_boot=req.n_boot, confidence=req.confidence, seed=req.seed)
         for key, cell in sorted(cells.items())
@@ -399,7 +456,6 @@ def run_tune(
         stats=stats,
         trials_measured_now=hooks.trials_done,
         server_starts=server_starts,
-        drift=drift,
         started=started,
         measure_s=measure_s,
         progress=progress,
@@ -417,7 +473,6 @@ def _write_outputs(
     stats: dict[CellKey, CellStats],
     trials_measured_now: int,
     server_starts: int,
-    drift: Drift | None,
     started: float,
     measure_s: float,
     progress: TuneProgress | None,
@@ -438,12 +493,7 @@ def _write_outputs(
             "out (they would not fit the server's sequence limit with the output)"
         )
     notes += stall_notes(result.choices, result.cells, stats)
-    if drift is not None and drift.significant:
-        notes.append(
-            f"the machine's speed changed during the run: {drift.describe()}; every ratio "
-            "compares cells measured minutes apart, so rerun on a quiet machine (or with "
-            "--repeats 2) before trusting a close decision"
-        )
+    notes += drift_notes(result.cells, result.choices)
     build_error: SpectoolError | None = None
     try:
         deployment = write_deployment(resolved, result, out)
@@ -463,7 +513,6 @@ def _write_outputs(
         stats=stats,
         trials_measured_now=trials_measured_now,
         server_starts=server_starts,
-        drift=drift,
         wall_s=0.0,
         measure_s=measure_s,
         files=(),

@@ -1,11 +1,15 @@
-"""Servers of spectool's embedded engine for ``tune``: one per configuration, in a worker process.
+"""Servers of spectool's embedded engine for ``tune``, in a worker process.
 
 The worker (:mod:`spectool.tuning.torch_worker`) is one child process, started on the first
-:meth:`TorchDriver.serve` in its own process group, that imports torch once and serves one
-configuration at a time: the baseline (``method="none"``, no drafter) for ``k = 0``, otherwise
-the method at a fixed draft length ``k`` (no schedule). Every configuration shares the batch and
-sequence limits, device, dtype and torch thread count, so the only difference a trial sees is
-speculation. Worker and server logs go to ``DIR/server.log``.
+:meth:`TorchDriver.serve` in its own process group, that imports torch once. With
+``max_draft_len`` (what ``tune`` uses) it serves one configuration holding the target and the
+drafter at that length, and :meth:`TorchDriver.serve` then switches the running server's draft
+length in place (``POST /spectool/draft_len``; 0 is the baseline with the drafter idle): no
+restart between the speculative and baseline blocks ``tune`` interleaves. Without it, one server
+per configuration: the baseline (``method="none"``, no drafter) for ``k = 0``, otherwise the
+method at a fixed ``k``. Every configuration shares the batch and sequence limits, device, dtype
+and torch thread count, so the only difference a trial sees is speculation. Worker and server
+logs go to ``DIR/server.log``.
 
 Why a separate process rather than uvicorn on a thread of ``tune``: the load generator would
 share the GIL with the engine it times (see the worker's docstring). The worker exits by itself
@@ -30,6 +34,8 @@ from spectool.tuning.driver import ServerInfo
 
 WORKER_MODULE = "spectool.tuning.torch_worker"
 DEFAULT_READY_TIMEOUT_S = 600.0
+SWITCH_TIMEOUT_S = 30.0
+METRICS_PATH = "/spectool/iterations?after={after}"  # paged by iteration number, not drained
 
 
 def default_threads() -> int:
@@ -41,6 +47,7 @@ class TorchDriver:
     """Embedded-engine servers at any ``k``; see the module docstring."""
 
     engine = "torch"
+    interleaves = True
 
     def __init__(
         self,
@@ -56,6 +63,7 @@ class TorchDriver:
         threads: int,
         log_path: Path,
         ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S,
+        max_draft_len: int | None = None,
     ) -> None:
         self.target = target
         self.drafter = drafter
@@ -68,6 +76,8 @@ class TorchDriver:
         self.threads = threads
         self.log_path = log_path
         self.ready_timeout_s = ready_timeout_s
+        self.max_draft_len = max_draft_len
+        self._url: str | None = None  # the switching server, once started
         self._proc: subprocess.Popen[Any] | None = None
         self._answers: queue.Queue[str | None] = queue.Queue()
         self._current: ServerInfo | None = None
@@ -140,31 +150,76 @@ class TorchDriver:
     # -- ServerDriver -----------------------------------------------------------------------
 
     def serve(self, k: int) -> ServerInfo:
-        """A server running draft length ``k``; the running one is replaced when ``k`` differs."""
+        """A server decoding at draft length ``k``.
+
+        With ``max_draft_len`` set, one server holds the target and the drafter and switches
+        its draft length in place (``POST /spectool/draft_len``; 0 = speculation off, the
+        drafter idle): no restart between the blocks ``tune`` interleaves. Without it, one
+        server per configuration (the baseline without a drafter for ``k = 0``).
+        """
         if self._current is not None and self._current.k == k:
-            return ServerInfo(self._current.base_url, self.model_name, k, 0.0)
+            return ServerInfo(self._current.base_url, self.model_name, k, 0.0, METRICS_PATH)
+        if self.max_draft_len is not None and k > self.max_draft_len:
+            raise ValueError(f"k={k} is above the server's max_draft_len {self.max_draft_len}")
+        if self.max_draft_len is not None and self._url is not None:
+            self._switch(self._url, k)
+            self._current = ServerInfo(self._url, self.model_name, k, 0.0, METRICS_PATH)
+            return self._current
         self._current = None
+        switching = self.max_draft_len is not None
+        load_k = self.max_draft_len if switching else k
+        assert load_k is not None
         spec = {
             "target": str(self.target),
-            "drafter": str(self.drafter) if (k > 0 and self.method == "draft_model") else None,
-            "config": self.engine_config(k),
+            "drafter": (
+                str(self.drafter) if (load_k > 0 and self.method == "draft_model") else None
+            ),
+            "config": self.engine_config(load_k),
             "model_name": self.model_name,
         }
         answer = self._ask({"serve": spec}, self.ready_timeout_s)
         if "ready" not in answer:
             raise child.failure(
                 "the engine worker",
-                f"could not serve k={k}: {answer.get('error', answer)}",
+                f"could not serve k={load_k}: {answer.get('error', answer)}",
                 self.log_path,
             )
         self.starts += 1
         ready = answer["ready"]
-        self._current = ServerInfo(ready["url"], self.model_name, k, float(ready["load_s"]))
+        url = ready["url"]
+        if switching:
+            self._url = url
+            self._switch(url, k)
+        self._current = ServerInfo(url, self.model_name, k, float(ready["load_s"]), METRICS_PATH)
         return self._current
+
+    def _switch(self, url: str, k: int) -> None:
+        """Set the running server's draft length; waits out requests still finishing."""
+        import time
+
+        import httpx
+
+        deadline = time.monotonic() + SWITCH_TIMEOUT_S
+        while True:
+            try:
+                response = httpx.post(url + "/spectool/draft_len", json={"k": k}, timeout=30.0)
+            except httpx.HTTPError as exc:
+                raise child.failure(
+                    "the engine worker", f"did not switch to k={k}: {exc}", self.log_path
+                ) from None
+            if response.status_code == 200:
+                return
+            if response.status_code != 409 or time.monotonic() > deadline:
+                raise child.failure(
+                    "the engine worker",
+                    f"refused k={k}: HTTP {response.status_code} {response.text[:200]}",
+                    self.log_path,
+                )
+            time.sleep(0.05)  # requests of the last block are still finishing
 
     def close(self) -> None:
         """Close the worker's stdin (it stops its server and exits), then stop its group."""
-        proc, self._proc, self._current = self._proc, None, None
+        proc, self._proc, self._current, self._url = self._proc, None, None, None
         if proc is None:
             return
         try:

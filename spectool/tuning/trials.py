@@ -29,6 +29,11 @@ from spectool.errors import BadInputError
 from spectool.measure.client import RequestOptions
 from spectool.measure.runner import TrialConfig, TrialResult
 
+# A paired block: two waves of the concurrency's requests, no warmup (the server is warm and
+# only switched its draft length). Short blocks keep the two arms of a pair within a second or
+# so of each other on a small machine, so a change of the machine's speed hits both alike.
+BLOCK_WAVES = 2
+
 
 @dataclass(frozen=True)
 class CellPlan:
@@ -60,11 +65,37 @@ class CellPlan:
         method = "none" if k == 0 else self.method
         return f"{self.engine} {method} k={k} #{repeat} setup={self.fingerprint}"
 
-    def drift_config(self, concurrency: int, k: int = 0) -> TrialConfig:
-        """One more trial of cell ``(concurrency, k)``, run after the search (label ``#drift``):
-        compared with the first one it shows whether the machine's speed changed meanwhile."""
-        first = self.configs(concurrency, k)[0]
-        return dataclasses.replace(first, label=self.label(k, "drift"))
+    def block_config(self, concurrency: int, k: int, pair: int, arm: int) -> TrialConfig:
+        """Block ``arm`` (``k`` or 0) of pair ``pair`` of the paired cell ``(concurrency, k)``.
+
+        A block is one closed-loop trial of :meth:`block_requests` requests, no warmup
+        (:data:`BLOCK_WAVES` waves; both arms of a pair send the same prompts, and the pairs
+        cycle through the workload). Labels name the cell,
+        the pair and the arm (``#p2`` for the speculative block of pair 2, ``#p2/k4`` for the
+        baseline block beside it), so a resumed run finds every block it already measured.
+        """
+        repeat = f"p{pair}" if arm == k else f"p{pair}/k{k}"
+        n = self.block_requests(concurrency)
+        return TrialConfig(
+            label=self.label(arm, repeat),
+            concurrency=concurrency,
+            num_prompts=n,
+            max_tokens=self.max_tokens,
+            warmup_requests=0,
+            workload_id=self.workload_id,
+            request=self.request,
+            prompt_offset=pair * n,
+        )
+
+    def block_requests(self, concurrency: int) -> int:
+        """Measured requests of one block: :data:`BLOCK_WAVES` waves of ``concurrency``."""
+        return BLOCK_WAVES * concurrency
+
+    def after_config(self, concurrency: int) -> TrialConfig:
+        """The baseline at ``concurrency`` measured again after every speculative cell (label
+        ``#after``): the closing bracket of the bracketed design."""
+        first = self.configs(concurrency, 0)[0]
+        return dataclasses.replace(first, label=self.label(0, "after"))
 
     def configs(self, concurrency: int, k: int) -> list[TrialConfig]:
         """The ``repeats`` trials of cell ``(concurrency, k)``, in order."""

@@ -31,6 +31,7 @@ class TrtllmDriver:
     """TensorRT-LLM servers at any ``k``; see the module docstring."""
 
     engine = "trtllm"
+    interleaves = False  # a new draft length is a server restart (minutes): bracket instead
 
     def __init__(self, resolved: ResolvedTune, *, configs_dir: Path, log_dir: Path) -> None:
         from spectool.deploy.build import model_ref

@@ -439,3 +439,72 @@ def test_engine_sampling_preserves_target_distribution(tiny_pair: tuple[Path, Pa
     flat = torch.multinomial(drafter_exact.flatten(), ENGINE_DRAWS, replacement=True, generator=gen)
     control = torch.bincount(flat, minlength=TINY_VOCAB**2).view(TINY_VOCAB, TINY_VOCAB)
     assert chi_square_pvalue(control, exact) < 1e-3
+
+
+def test_runtime_draft_length_switch_is_lossless_and_idles_the_drafter(
+    target_dir: Path, drafter_dir: Path, baseline: list[list[int]]
+) -> None:
+    """One engine, switched between draft lengths while idle: greedy outputs equal the plain
+    baseline at every k, and at k = 0 the drafter does no work at all (tune's paired blocks)."""
+    engine = Engine(target_dir, drafter_dir, EngineConfig(method="draft_model", max_draft_len=3))
+    assert engine.draft_len is None
+    for k in (0, 2, 0, 3, 1):
+        engine.set_draft_len(k)
+        assert engine.draft_len == k
+        engine.drain_stats()
+        assert _solo_outputs(engine) == baseline
+        stats = [s for s in engine.drain_stats() if s.num_decoded_requests]
+        assert {s.draft_len for s in stats} == {k}
+        assert all(len(s.drafted_per_pos) == k for s in stats)
+        if k == 0:
+            assert all(
+                s.num_draft_tokens == 0 and s.num_requests_with_draft_tokens == 0 for s in stats
+            )
+        else:
+            assert sum(s.num_draft_tokens for s in stats) > 0
+        assert engine._proposer is not None and not engine._proposer.cache.used_slots
+    engine.set_draft_len(None)  # back to the configured length
+    engine.generate([MIX[0][0]], GREEDY)
+    assert {s.draft_len for s in engine.drain_stats() if s.num_decoded_requests} == {3}
+
+
+def test_draft_length_switch_is_refused_while_busy_or_out_of_range(
+    target_dir: Path, drafter_dir: Path
+) -> None:
+    engine = Engine(target_dir, drafter_dir, EngineConfig(method="draft_model", max_draft_len=2))
+    with pytest.raises(BadInputError, match="outside 0..2"):
+        engine.set_draft_len(3)
+    engine.add_request(MIX[0][0], GREEDY)
+    with pytest.raises(BadInputError, match="requests run"):
+        engine.set_draft_len(0)
+    engine.step()  # now running
+    with pytest.raises(BadInputError, match="requests run"):
+        engine.set_draft_len(1)
+    while engine.has_work():
+        engine.step()
+    engine.set_draft_len(1)
+    plain = Engine(target_dir, config=EngineConfig(method="none"))
+    with pytest.raises(BadInputError, match="outside 0..0"):
+        plain.set_draft_len(1)
+    plain.set_draft_len(0)
+
+
+def test_first_token_goes_out_after_prefill_before_the_decode_step(
+    target_dir: Path, drafter_dir: Path
+) -> None:
+    """A new request's first event carries the prefill token alone, handed to ``on_prefill``
+    before the running batch decodes; it decodes from the next step on (TensorRT-LLM's order)."""
+    engine = Engine(target_dir, drafter_dir, EngineConfig(method="draft_model", max_draft_len=3))
+    order: list[tuple[str, int]] = []
+    engine.on_prefill = lambda events: order.extend(("prefill", len(e.token_ids)) for e in events)
+    first = engine.add_request(MIX[0][0], GREEDY)
+    for event in engine.step():
+        order.append(("step", len(event.token_ids)))
+    assert order == [("prefill", 1)]  # nothing decoded in the step that prefilled it
+    engine.add_request(MIX[1][0], GREEDY)
+    order.clear()
+    events = engine.step()
+    assert order == [("prefill", 1)]  # the newcomer's token went out first
+    assert [e.request_id for e in events] == [first] and len(events[0].token_ids) >= 1
+    stats = engine.drain_stats()
+    assert [(s.num_new_active_requests, s.num_decoded_requests) for s in stats] == [(1, 0), (1, 1)]

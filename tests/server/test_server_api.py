@@ -551,7 +551,7 @@ def test_metrics_drain_on_read_and_parse_as_trtllm_iteration_stats(client: TestC
     decode_steps = sum(
         max(s.num_requests_with_draft_tokens, 1)
         for r, s in zip(records, spec, strict=True)
-        if s and r.num_active_requests
+        if s and r.inflight_batching and r.inflight_batching.num_gen_requests
     )
     assert 1 + accepted + decode_steps == 12
     for r, entry in zip(records, raw, strict=True):

@@ -220,3 +220,73 @@ def test_an_engine_failure_ends_every_stream_instead_of_hanging(target_dir: Path
         driver.shutdown(timeout_s=5.0)
 
     asyncio.run(asyncio.wait_for(scenario(), 30.0))
+
+
+def test_draft_length_switch_endpoint_and_paged_iterations(live: LiveServer) -> None:
+    """tune's two private endpoints: the draft length switched in place (0: the drafter idle),
+    and iteration stats paged by number, which a /metrics reader cannot drain away."""
+    url = live.url
+    state = httpx.get(f"{url}/spectool/draft_len").json()
+    assert state["draft_len"] is None and state["max_draft_len"] == 3
+    assert httpx.post(f"{url}/spectool/draft_len", json={"k": 4}).status_code == 400
+    assert httpx.post(f"{url}/spectool/draft_len", json={"k": -1}).status_code == 400
+    assert httpx.post(f"{url}/spectool/draft_len", json={"k": 1, "x": 0}).status_code == 400
+    body = {"prompt": "the draft model", "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    outputs = {}
+    for k in (0, 2):
+        answer = httpx.post(f"{url}/spectool/draft_len", json={"k": k})
+        assert answer.status_code == 200 and answer.json()["draft_len"] == k
+        last = answer.json()["last_iteration"]
+        outputs[k] = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()
+        httpx.get(f"{url}/metrics")  # another reader drains /metrics ...
+        pages = httpx.get(f"{url}/spectool/iterations", params={"after": last}).json()
+        assert pages and all(p["iter"] > last for p in pages)  # ... and takes nothing from us
+        decoded = [p for p in pages if p["inflightBatchingStats"]["numGenRequests"]]
+        assert {p["spectoolStats"]["draftLen"] for p in decoded} == {k}
+        assert all(("specDecodingStats" in p) == (k > 0) for p in decoded)
+        again = httpx.get(f"{url}/spectool/iterations", params={"after": last}).json()
+        assert [p["iter"] for p in again] == [p["iter"] for p in pages]
+    assert outputs[0]["choices"][0]["text"] == outputs[2]["choices"][0]["text"]
+    httpx.post(f"{url}/spectool/draft_len", json={"k": None})
+
+
+def test_draft_length_switch_waits_for_requests_in_flight(live: LiveServer) -> None:
+    """Refused (409) while a request is open, even one the engine has finished but whose
+    stream is still being read; accepted once it is closed."""
+    driver = live.driver
+    prompt = tuple(driver.tokenizer.encode("the target"))
+    loop = driver._loop
+    assert loop is not None
+    submitted = asyncio.run_coroutine_threadsafe(
+        _submit(driver, GenerationRequest(prompt, SamplingParams(max_tokens=4, ignore_eos=True))),
+        loop,
+    )
+    stream = submitted.result(timeout=30)
+    busy = httpx.post(f"{live.url}/spectool/draft_len", json={"k": 0})
+    assert busy.status_code == 409
+    assert "requests run" in busy.json()["error"]["message"]
+    loop.call_soon_threadsafe(stream.close)
+    deadline = time.monotonic() + 30
+    while httpx.post(f"{live.url}/spectool/draft_len", json={"k": None}).status_code != 200:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+async def _submit(driver: AsyncEngine, request: GenerationRequest) -> Any:
+    return driver.submit(request)
+
+
+def test_first_streamed_chunk_carries_the_prefill_token_alone(live: LiveServer) -> None:
+    """TTFT is prefill: the first content chunk holds one token, not one plus a decode step."""
+    body = {
+        "prompt": "the draft model proposes",
+        "max_tokens": 12,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    with httpx.stream("POST", f"{live.url}/v1/completions", json=body, timeout=60) as response:
+        events = sse_events(list(response.iter_lines()))
+    counts = [e["usage"]["completion_tokens"] for e in events[:-1] if e.get("usage")]
+    assert counts[0] == 1 and counts[-1] == 12

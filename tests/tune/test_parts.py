@@ -12,7 +12,6 @@ from spectool.decide.cell import CellMeasurement
 from spectool.decide.latency import RequestRecord
 from spectool.errors import BadInputError
 from spectool.measure.runner import TrialResult
-from spectool.tuning.drift import drift_reference
 from spectool.tuning.prompts import BUILTIN, tune_prompts
 from spectool.tuning.request import (
     ENGINE_DEFAULTS,
@@ -185,24 +184,26 @@ def test_failed_trials_are_dropped_so_resume_measures_them_again(tmp_path: Path)
     assert drop_failed_trials(path, load_trials(path)) == 0
 
 
-def test_drift_reference_reuses_the_running_server_when_it_can() -> None:
-    # Plan: baselines, k=4 at c=1, k=1 at both ends; then k=1 and k=4 confirmed: k=4 still runs,
-    # and its first cell was measured long before: measure that one again, no restart.
-    order = [(1, 0), (2, 0), (1, 4), (1, 1), (2, 1), (2, 4)]
-    assert drift_reference(order, (1, 0)) == (1, 4)
-    # The running k was measured only at the end (nothing in between): the baseline again.
-    assert drift_reference([(1, 0), (2, 0), (1, 1), (2, 1)], (1, 0)) == (1, 0)
-    assert drift_reference([(1, 0), (1, 3), (2, 3)], (1, 0)) == (1, 0)
-    # ... unless the running k is the baseline's: its first cell is the reference.
-    assert drift_reference([(1, 0), (1, 3), (2, 0)], (1, 0)) == (1, 0)
-    assert drift_reference([(2, 0), (1, 3), (1, 0)], (1, 0)) == (2, 0)
-    assert drift_reference([], (1, 0)) == (1, 0)
-
-
-def test_drift_config_is_the_cells_first_trial_relabelled() -> None:
+def test_block_configs_pair_the_same_prompts_and_cycle_through_the_workload() -> None:
     plan = CellPlan("torch", "draft_model", "fp", "wl", num_prompts=4, max_tokens=8, repeats=2)
-    again = plan.drift_config(2, 3)
-    first = plan.configs(2, 3)[0]
-    assert again.label.endswith(f"#drift setup={plan.fingerprint}") and "k=3" in again.label
+    spec, base = plan.block_config(4, 3, 2, 3), plan.block_config(4, 3, 2, 0)
+    assert spec.label.endswith(f"#p2 setup={plan.fingerprint}") and "k=3" in spec.label
+    assert base.label.endswith(f"#p2/k3 setup={plan.fingerprint}") and "none k=0" in base.label
+    # two waves of the concurrency, no warmup, both arms on the same prompts
+    assert (spec.num_prompts, spec.warmup_requests, spec.concurrency) == (8, 0, 4)
+    assert spec.prompt_offset == base.prompt_offset == 16
+    assert plan.block_config(4, 3, 3, 3).prompt_offset == 24
+    # every block is a distinct trial for resuming, and none is a cell's ordinary trial
+    keys = {
+        plan.block_config(4, k, i, arm).key() for k in (1, 3) for i in range(3) for arm in (0, k)
+    }
+    assert len(keys) == 12 and not keys & {c.key() for c in plan.configs(4, 0)}
+
+
+def test_after_config_is_the_baselines_first_trial_relabelled() -> None:
+    plan = CellPlan("torch", "draft_model", "fp", "wl", num_prompts=4, max_tokens=8, repeats=2)
+    again = plan.after_config(2)
+    first = plan.configs(2, 0)[0]
+    assert again.label.endswith(f"#after setup={plan.fingerprint}") and "k=0" in again.label
     assert (again.concurrency, again.num_prompts, again.max_tokens) == (2, 4, 8)
     assert again.key() != first.key()

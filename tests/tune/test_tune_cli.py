@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 import signal
 import subprocess
@@ -143,13 +144,21 @@ def test_resume_redoes_no_finished_trial(tuned: dict[str, Any]) -> None:
     used = summary["runs"]["used"]
     # the planned cells at least: both baselines, K at concurrencies 1 and 2, 1 at concurrency 1
     assert 5 <= used <= GRID_TRIALS == summary["runs"]["full_grid"]
-    # the cells' trials it lacked, plus the baseline measured again at the end (drift check)
-    assert summary["runs"]["trials_measured_now"] == used - len(before) + 1
+    # every trial of the decision: one per baseline cell, two per pair of a paired cell
+    cells = json.loads((tuned["out"] / "decision.json").read_text())["cells"]
+    assert {c["design"] for c in cells} == {"interleaved"}
+    expected = len(CONCURRENCIES) + sum(2 * c["pairs"] for c in cells)
+    assert summary["runs"]["trials_measured_now"] == len(after) - len(before)
     assert after[: len(before)] == before  # the saved trials were kept as they were
-    assert len(after) == used + 1
+    assert len(after) == expected
     trials = [json.loads(line) for line in after]
-    assert len({t["key"] for t in trials}) == used + 1  # no trial measured twice
-    assert sum("#drift" in t["config"]["label"] for t in trials) == 1
+    assert len({t["key"] for t in trials}) == expected  # no trial measured twice
+    for cell in cells:  # each pair: the speculative block and the baseline block beside it
+        c, k = cell["concurrency"], cell["k"]
+        labels = [t["config"]["label"] for t in trials if t["config"]["concurrency"] == c]
+        for i in range(cell["pairs"]):
+            assert sum(f"k={k} #p{i} " in x for x in labels) == 1
+            assert sum(f"k=0 #p{i}/k{k} " in x for x in labels) == 1
 
 
 def test_decision_json_is_valid_and_consistent(tuned: dict[str, Any]) -> None:
@@ -174,8 +183,21 @@ def test_decision_json_is_valid_and_consistent(tuned: dict[str, Any]) -> None:
             "ci_low",
             "ci_high",
             "verdict",
+            "design",
+            "pairs",
+            "pair_ratios",
+            "spread",
+            "within_se",
+            "drift_base",
+            "drift_spec",
+            "looks",
         }
-        assert cell["ratio"] == pytest.approx(cell["lhs_ms_per_token"] / cell["rhs_ms_per_token"])
+        # the paired estimate: the geometric mean of the pairs' ratios (lhs and rhs are both
+        # arms pooled, so their quotient only approximates it)
+        assert cell["design"] == "interleaved" and len(cell["pair_ratios"]) == cell["pairs"]
+        assert math.log(cell["ratio"]) == pytest.approx(
+            sum(math.log(r) for r in cell["pair_ratios"]) / cell["pairs"]
+        )
         assert cell["ci_low"] <= cell["ci_high"]
         expected = (
             "pays"
@@ -245,7 +267,11 @@ def test_tune_json_report_and_plots(tuned: dict[str, Any]) -> None:
     assert measured >= {(1, 0), (2, 0), (1, MAX_DRAFT_LEN), (2, MAX_DRAFT_LEN), (1, 1)}  # plan
     for cell in record["cells"]:
         raw = cell["raw"]
-        assert len(raw["requests"]) == max(4, 2 * cell["concurrency"])
+        c = cell["concurrency"]
+        if cell["k"] > 0:  # every speculative block of its pairs: two waves each
+            assert len(raw["requests"]) == cell["verdict"]["paired"]["log_ratios"].__len__() * 2 * c
+        else:  # its own trial and every baseline block beside a speculative one
+            assert len(raw["requests"]) >= max(4, 2 * c)
         assert all(r["output_tokens"] == 8 for r in raw["requests"])
         assert raw["iterations"], "the engine's step times were recorded"
         stats = cell["stats"]
@@ -263,17 +289,22 @@ def test_tune_json_report_and_plots(tuned: dict[str, Any]) -> None:
     resumed = sum(not cell["measured_now"] for cell in record["cells"])
     assert resumed == len(record["runs"]["reused"])
     assert record["cost_model"] is not None
-    drift = record["drift"]
-    assert drift["concurrency"] == CONCURRENCIES[0]
-    assert (
-        drift["ci_low"] <= drift["ratio"] <= drift["ci_high"] or drift["ci_low"] <= drift["ci_high"]
-    )
-    assert drift["ratio"] == pytest.approx(drift["end_ms_per_token"] / drift["start_ms_per_token"])
+    for cell in record["cells"]:
+        verdict = cell["verdict"]
+        if verdict is None:
+            continue
+        paired = verdict["paired"]
+        assert verdict["design"] == paired["design"] == "interleaved"
+        assert len(paired["log_ratios"]) % 4 == 0  # looked at after every fourth pair
+        assert verdict["ci_low"] <= verdict["ratio"] <= verdict["ci_high"]
+        assert paired["drift_base"] > 0 and paired["drift_spec"] > 0
+    assert record["search"]["pairing"]["max_pairs"] >= 4
     report = (out / "report.md").read_text()
     for heading in (
         "## Decision",
         "## Runs",
         "## The cost inequality per cell",
+        "## Pairs and noise per cell",
         "## Acceptance per position",
     ):
         assert heading in report

@@ -1,0 +1,369 @@
+"""Paired comparisons: the cost inequality from speculative and baseline blocks run side by side.
+
+Why: a speculative cell compared with a baseline measured minutes earlier inherits every change
+of the machine's speed in between (other tenants, clocks, throttling), and no bootstrap over
+requests sees it: identical runs gave ratios of 0.24 and 0.86 for the same cell. So every ratio
+is taken between measurements made in the same window of time.
+
+Designs (:data:`Design`):
+
+* ``interleaved``: short blocks alternate on one server that switches its draft length without a
+  restart (spectool's engine): pair ``i`` is a speculative block and a baseline block measured
+  back to back, in the order A B, B A, A B, ... (so a steady drift favours neither arm). Each
+  pair gives ``d_i = log(lhs_i / rhs_i)`` (the cost inequality's two sides, from iterations when
+  both blocks have them, else from requests; :mod:`spectool.decide.cost`). A change of speed
+  between pairs moves both arms of a pair alike and cancels in ``d_i``; what is left varies
+  from pair to pair and is measured by their spread.
+* ``bracketed``: where a new draft length is a server restart (trtllm-serve, minutes), the
+  baseline is measured before and after the speculative cells; the cell is compared with both,
+  and its interval spans both comparisons (:func:`bracketed_estimate`).
+
+Interval (interleaved): ``ratio = exp(mean d_i)``. Its half-width on the log scale is the larger
+of ``t(n - 1) * sd(d) / sqrt(n)`` (between pairs: drift that the pairing did not cancel, plus
+sampling noise) and ``z * se_within`` (the pairs' own sampling noise, from a bootstrap of each
+block's iterations or requests; it keeps two pairs that agree by chance from claiming
+precision they do not have). Blocks are added until the interval is clear of the decision
+threshold (:func:`settled`), so the interval is looked at several times: the confidence of each
+look is Bonferroni-corrected over the looks a cell may take (``looks``), which keeps the chance
+of any wrong call at or below ``1 - confidence``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from spectool.decide.acceptance import expected_tokens_per_step
+from spectool.decide.cell import CellMeasurement, pooled
+from spectool.decide.cost import (
+    CellVerdict,
+    Source,
+    Verdict,
+    _resampled_sums,
+    bootstrap_ratio_ci,
+    default_block_len,
+    iteration_terms,
+    request_terms,
+    verdict_for,
+)
+from spectool.errors import BadInputError
+
+Design = Literal["interleaved", "bracketed", "unpaired"]
+MIN_PAIRS = 2
+_WITHIN_BOOT = 400  # resamples per block for the within-pair noise
+
+
+@dataclass(frozen=True)
+class BlockPair:
+    """A speculative block and the baseline block measured next to it (same concurrency)."""
+
+    spec: CellMeasurement
+    base: CellMeasurement
+    spec_first: bool = True
+
+    def __post_init__(self) -> None:
+        where = f"pair (concurrency={self.spec.concurrency}, k={self.spec.k})"
+        if self.spec.k < 1 or self.base.k != 0:
+            raise BadInputError(
+                where, f"need a speculative block and a baseline block, got k={self.base.k}"
+            )
+        if self.spec.concurrency != self.base.concurrency:
+            raise BadInputError(where, f"baseline block ran at concurrency {self.base.concurrency}")
+
+
+@dataclass(frozen=True)
+class PairedCell:
+    """A cell measured in pairs: the blocks, and both arms pooled (for reports and models)."""
+
+    pairs: tuple[BlockPair, ...]
+    design: Design = "interleaved"
+
+    def __post_init__(self) -> None:
+        if not self.pairs:
+            raise BadInputError("paired cell", "no pairs")
+        keys = {p.spec.key for p in self.pairs}
+        if len(keys) != 1:
+            raise BadInputError("paired cell", f"pairs of different cells: {sorted(keys)}")
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return self.pairs[0].spec.key
+
+    @property
+    def spec(self) -> CellMeasurement:
+        """Every speculative block pooled."""
+        return pooled([p.spec for p in self.pairs])
+
+    @property
+    def base(self) -> CellMeasurement:
+        """Every baseline block pooled."""
+        return pooled([p.base for p in self.pairs])
+
+
+@dataclass(frozen=True)
+class PairedEstimate:
+    """The ratio ``lhs / rhs`` of a paired cell with its interval; see the module docstring.
+
+    ``log_ratios`` are the pairs' ``d_i``; ``spread`` their standard deviation (0 with one pair);
+    ``within_se`` the sampling noise of their mean. ``drift_base`` / ``drift_spec``: the last
+    block's ms per token over the first one's, per arm (1.0 = the machine kept its speed).
+    """
+
+    ratio: float
+    ci_low: float
+    ci_high: float
+    verdict: Verdict
+    design: Design
+    source: Source
+    log_ratios: tuple[float, ...]
+    spread: float
+    within_se: float
+    drift_base: float
+    drift_spec: float
+    confidence: float
+    looks: int
+
+    @property
+    def pairs(self) -> int:
+        return len(self.log_ratios)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "design": self.design,
+            "pairs": self.pairs,
+            "pair_ratios": [math.exp(d) for d in self.log_ratios],
+            "spread": self.spread,
+            "within_se": self.within_se,
+            "drift_base": self.drift_base,
+            "drift_spec": self.drift_spec,
+            "looks": self.looks,
+        }
+
+
+def _terms(spec: CellMeasurement, base: CellMeasurement, source: Source) -> tuple[np.ndarray, ...]:
+    if source == "iterations":
+        return (*iteration_terms(spec.iterations), *iteration_terms(base.iterations))
+    return (*request_terms(spec.records), *request_terms(base.records))
+
+
+def pair_source(pairs: Sequence[BlockPair]) -> Source:
+    """Iterations when every block has them, else requests."""
+    if all(p.spec.iterations and p.base.iterations for p in pairs):
+        return "iterations"
+    return "requests"
+
+
+def _ms_per_token(cell: CellMeasurement, source: Source) -> float:
+    num, den = (
+        iteration_terms(cell.iterations) if source == "iterations" else request_terms(cell.records)
+    )
+    if den.size == 0 or den.sum() <= 0:
+        raise BadInputError(
+            f"block (concurrency={cell.concurrency}, k={cell.k})", f"no {source} to measure"
+        )
+    return float(num.sum() / den.sum())
+
+
+def _log_ratio_and_var(
+    pair: BlockPair, source: Source, rng: np.random.Generator
+) -> tuple[float, float]:
+    s_num, s_den, b_num, b_den = _terms(pair.spec, pair.base, source)
+    if min(s_num.size, b_num.size) < 2:
+        raise BadInputError(
+            f"pair (concurrency={pair.spec.concurrency}, k={pair.spec.k})",
+            f"not enough {source} in a block ({s_num.size} with speculation, {b_num.size} without)",
+        )
+    d = math.log((s_num.sum() / s_den.sum()) / (b_num.sum() / b_den.sum()))
+    blocks = (
+        (default_block_len(s_num.size), default_block_len(b_num.size))
+        if source == "iterations"
+        else (1, 1)
+    )
+    sn, sd = _resampled_sums(s_num, s_den, _WITHIN_BOOT, rng, blocks[0])
+    bn, bd = _resampled_sums(b_num, b_den, _WITHIN_BOOT, rng, blocks[1])
+    boot = np.log((sn / sd) / (bn / bd))
+    return d, float(boot.var(ddof=1))
+
+
+def paired_estimate(
+    cell: PairedCell,
+    *,
+    confidence: float = 0.95,
+    looks: int = 1,
+    seed: int = 0,
+) -> PairedEstimate:
+    """The ratio and its interval from ``cell``'s pairs (at least :data:`MIN_PAIRS`).
+
+    ``looks``: how many times the interval may be looked at while blocks are added (the
+    largest number of pairs less one); each look gets confidence ``1 - (1 - confidence) /
+    looks``.
+    """
+    from scipy import stats
+
+    c, k = cell.key
+    if len(cell.pairs) < MIN_PAIRS:
+        raise BadInputError(
+            f"cell (concurrency={c}, k={k})", f"need {MIN_PAIRS} pairs, got {len(cell.pairs)}"
+        )
+    if not 0.0 < confidence < 1.0 or looks < 1:
+        raise BadInputError(
+            "paired estimate", f"need 0 < confidence < 1 and looks >= 1, got {confidence}, {looks}"
+        )
+    source = pair_source(cell.pairs)
+    rng = np.random.default_rng([seed, c, k, 7])
+    logs, variances = zip(*(_log_ratio_and_var(p, source, rng) for p in cell.pairs), strict=True)
+    d = np.array(logs)
+    n = d.size
+    mean = float(d.mean())
+    spread = float(d.std(ddof=1))
+    within_se = math.sqrt(sum(variances)) / n
+    alpha = (1.0 - confidence) / looks
+    half = max(
+        float(stats.t.ppf(1.0 - alpha / 2.0, n - 1)) * spread / math.sqrt(n),
+        float(stats.norm.ppf(1.0 - alpha / 2.0)) * within_se,
+    )
+    low, high = math.exp(mean - half), math.exp(mean + half)
+    firsts, lasts = cell.pairs[0], cell.pairs[-1]
+    return PairedEstimate(
+        ratio=math.exp(mean),
+        ci_low=low,
+        ci_high=high,
+        verdict=verdict_for(low, high),
+        design=cell.design,
+        source=source,
+        log_ratios=tuple(float(x) for x in d),
+        spread=spread,
+        within_se=within_se,
+        drift_base=_ms_per_token(lasts.base, source) / _ms_per_token(firsts.base, source),
+        drift_spec=_ms_per_token(lasts.spec, source) / _ms_per_token(firsts.spec, source),
+        confidence=confidence,
+        looks=looks,
+    )
+
+
+def settled(estimate: PairedEstimate, threshold: float = 1.0) -> bool:
+    """Whether the interval lies wholly on one side of ``threshold`` (1, or ``1 - min_gain``)."""
+    return estimate.ci_high < threshold or estimate.ci_low > threshold
+
+
+def bracketed_estimate(
+    spec: CellMeasurement,
+    before: CellMeasurement,
+    after: CellMeasurement,
+    *,
+    confidence: float = 0.95,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> PairedEstimate:
+    """``spec`` against baselines measured before and after it (a restart per draft length).
+
+    The ratio is taken against both baselines pooled; the interval spans the bootstrap
+    intervals against each one alone, so a baseline that moved between the two brackets widens
+    it by as much as it moved.
+    """
+    source: Source = (
+        "iterations" if spec.iterations and before.iterations and after.iterations else "requests"
+    )
+    rng = np.random.default_rng([seed, spec.concurrency, spec.k, 11])
+    s_num, s_den, _, _ = _terms(spec, before, source)
+    results = []
+    for base in (pooled([before, after]), before, after):
+        _, _, b_num, b_den = _terms(spec, base, source)
+        blocks = (
+            (default_block_len(s_num.size), default_block_len(b_num.size))
+            if source == "iterations"
+            else (1, 1)
+        )
+        results.append(
+            bootstrap_ratio_ci(
+                s_num,
+                s_den,
+                b_num,
+                b_den,
+                n_boot=n_boot,
+                confidence=confidence,
+                rng=rng,
+                spec_block_len=blocks[0],
+                base_block_len=blocks[1],
+            )
+        )
+    ratio = results[0][0]
+    low = min(r[1] for r in results)
+    high = max(r[2] for r in results)
+    return PairedEstimate(
+        ratio=ratio,
+        ci_low=low,
+        ci_high=high,
+        verdict=verdict_for(low, high),
+        design="bracketed",
+        source=source,
+        log_ratios=(math.log(results[1][0]), math.log(results[2][0])),
+        spread=abs(math.log(results[1][0]) - math.log(results[2][0])) / math.sqrt(2.0),
+        within_se=0.0,
+        drift_base=_ms_per_token(after, source) / _ms_per_token(before, source),
+        drift_spec=1.0,
+        confidence=confidence,
+        looks=1,
+    )
+
+
+def evaluate_paired(
+    cell: PairedCell,
+    *,
+    alphas: Sequence[float] | None = None,
+    confidence: float = 0.95,
+    looks: int = 1,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> CellVerdict:
+    """The cost inequality for a paired cell: :func:`paired_estimate`'s ratio and interval,
+    the pooled arms' sides and tokens per step (as :func:`~spectool.decide.cost.evaluate_cell`
+    reports them)."""
+    estimate = paired_estimate(cell, confidence=confidence, looks=looks, seed=seed)
+    return verdict_from_estimate(cell.spec, cell.base, estimate, alphas=alphas, n_boot=n_boot)
+
+
+def verdict_from_estimate(
+    spec: CellMeasurement,
+    base: CellMeasurement,
+    estimate: PairedEstimate,
+    *,
+    alphas: Sequence[float] | None,
+    n_boot: int,
+) -> CellVerdict:
+    """A :class:`CellVerdict` whose ratio and interval are ``estimate``'s."""
+    s_num, s_den, b_num, b_den = _terms(spec, base, estimate.source)
+    measured_tokens = spec.tokens_per_step()
+    predicted_tokens = (
+        expected_tokens_per_step(alphas, spec.k)
+        if alphas is not None and len(alphas) >= spec.k
+        else None
+    )
+    step_cost = None if measured_tokens is None else estimate.ratio * measured_tokens
+    return CellVerdict(
+        concurrency=spec.concurrency,
+        k=spec.k,
+        lhs_ms_per_token=float(s_num.sum() / s_den.sum()),
+        rhs_ms_per_token=float(b_num.sum() / b_den.sum()),
+        ratio=estimate.ratio,
+        ci_low=estimate.ci_low,
+        ci_high=estimate.ci_high,
+        verdict=estimate.verdict,
+        source=estimate.source,
+        confidence=estimate.confidence,
+        n_boot=n_boot,
+        n_spec=int(s_num.size),
+        n_base=int(b_num.size),
+        tokens_per_step_measured=measured_tokens,
+        tokens_per_step_predicted=predicted_tokens,
+        step_cost_ratio=step_cost,
+        predicted_speedup=(
+            None if step_cost is None or predicted_tokens is None else predicted_tokens / step_cost
+        ),
+        measured_speedup=1.0 / estimate.ratio,
+        paired=estimate,
+    )

@@ -1,0 +1,132 @@
+"""Paired comparisons: drift cancels within pairs, intervals stay honest, bracketing spans both."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from spectool.decide.cell import CellMeasurement, IterationSample
+from spectool.decide.cost import evaluate_cell
+from spectool.decide.paired import (
+    BlockPair,
+    PairedCell,
+    bracketed_estimate,
+    evaluate_paired,
+    paired_estimate,
+    settled,
+)
+from spectool.errors import BadInputError
+
+BASE_MS, SPEC_MS, TOKENS = 10.0, 20.0, 3  # true ratio (20 / 3) / 10 = 2/3
+TRUE_RATIO = SPEC_MS / TOKENS / BASE_MS
+
+
+def block(k: int, speed: float, *, noise: float = 0.02, seed: int = 0, steps: int = 60):
+    """A block of ``steps`` decode steps at batch 2 on a machine ``speed`` times slower."""
+    rng = np.random.default_rng(seed)
+    ms = (SPEC_MS if k else BASE_MS) * speed
+    samples = tuple(
+        IterationSample(
+            0.0, ms * float(rng.lognormal(0.0, noise)), 0.0, 2, 2 * (TOKENS if k else 1)
+        )
+        for _ in range(steps)
+    )
+    return CellMeasurement(4, k, iterations=samples)
+
+
+def pairs_under(speeds: list[float], *, noise: float = 0.02) -> PairedCell:
+    """Pairs whose two blocks ran at the same machine speed (the speed changes between pairs)."""
+    return PairedCell(
+        tuple(
+            BlockPair(
+                block(3, s, noise=noise, seed=2 * i),
+                block(0, s, noise=noise, seed=2 * i + 1),
+                i % 2 == 0,
+            )
+            for i, s in enumerate(speeds)
+        )
+    )
+
+
+def test_a_drift_both_arms_share_cancels_in_the_pairs() -> None:
+    speeds = [1.0, 1.8, 0.7, 1.3, 2.2, 1.0, 0.9, 1.5]  # the machine's speed swings 3x
+    cell = pairs_under(speeds)
+    est = paired_estimate(cell, confidence=0.95)
+    assert est.ratio == pytest.approx(TRUE_RATIO, rel=0.02)
+    assert est.ci_low < TRUE_RATIO < est.ci_high and est.ci_high < 0.75
+    assert est.verdict == "pays" and est.pairs == 8 and est.design == "interleaved"
+    assert est.drift_base == pytest.approx(1.5, rel=0.05)  # last pair ran 1.5x slower
+    # the unpaired design on the same blocks: a speculative block from a fast minute against
+    # a baseline from a slow one (and the converse) gives very different, wrong answers
+    fast_spec = evaluate_cell(cell.pairs[2].spec, cell.pairs[4].base, n_boot=200)
+    slow_spec = evaluate_cell(cell.pairs[4].spec, cell.pairs[2].base, n_boot=200)
+    assert fast_spec.ratio < 0.25 and slow_spec.ratio > 2.0
+    assert fast_spec.verdict == "pays" and slow_spec.verdict == "does_not_pay"  # a flip
+
+
+def test_pairs_that_disagree_widen_the_interval_and_more_looks_widen_it_further() -> None:
+    # the drift hits the two arms of each pair differently (it changed mid-pair)
+    cell = PairedCell(
+        tuple(
+            BlockPair(block(3, 1.0 + 0.3 * (i % 2)), block(0, 1.0 + 0.3 * ((i + 1) % 2)))
+            for i in range(4)
+        )
+    )
+    one = paired_estimate(cell, looks=1)
+    six = paired_estimate(cell, looks=6)
+    assert one.spread > 0.2
+    assert one.ci_low < one.ratio < one.ci_high
+    assert six.ci_low < one.ci_low and six.ci_high > one.ci_high  # Bonferroni over the looks
+
+
+def test_two_pairs_that_agree_by_chance_keep_their_own_sampling_noise() -> None:
+    # identical pairs: no spread at all, but each block is a noisy sample of steps
+    pair = BlockPair(block(3, 1.0, noise=0.3, steps=8), block(0, 1.0, noise=0.3, steps=8, seed=1))
+    est = paired_estimate(PairedCell((pair, pair)))
+    assert est.spread == 0.0 and est.within_se > 0.05
+    assert est.ci_high / est.ci_low > 1.2
+
+
+def test_settled_is_wholly_one_side_of_the_threshold() -> None:
+    est = paired_estimate(pairs_under([1.0, 1.1, 0.9, 1.0]))
+    assert settled(est, 1.0) and est.ci_high < 1.0
+    assert not settled(est, est.ratio)  # a threshold inside the interval
+    assert settled(est, 0.5)  # the interval lies wholly above 0.5
+
+
+def test_evaluate_paired_reports_both_arms_and_the_estimate() -> None:
+    cell = pairs_under([1.0, 1.2, 0.8, 1.0])
+    v = evaluate_paired(cell, alphas=[0.9, 0.8, 0.7], looks=6, n_boot=200)
+    assert v.design == "interleaved" and v.paired is not None and v.paired.looks == 6
+    assert v.ratio == v.paired.ratio and v.verdict == "pays"
+    assert v.tokens_per_step_measured == pytest.approx(TOKENS)
+    assert v.lhs_ms_per_token == pytest.approx(SPEC_MS * 1.0 / TOKENS, rel=0.05)
+    data = v.to_json()
+    assert data["design"] == "interleaved" and data["pairs"] == 4
+    assert math.log(data["ratio"]) == pytest.approx(np.mean(np.log(data["pair_ratios"])))
+
+
+def test_bracketed_interval_spans_both_baselines() -> None:
+    spec = block(3, 1.0)
+    before, after = block(0, 1.0, seed=5), block(0, 1.4, seed=6)  # the machine slowed 40%
+    est = bracketed_estimate(spec, before, after, n_boot=300)
+    vs_before = bracketed_estimate(spec, before, before, n_boot=300)
+    vs_after = bracketed_estimate(spec, after, after, n_boot=300)
+    assert est.design == "bracketed"
+    assert est.drift_base == pytest.approx(1.4, rel=0.05)
+    # (each bootstrap draws its own resamples: equal up to their noise)
+    assert est.ci_low <= vs_after.ci_low * 1.01 and est.ci_high >= vs_before.ci_high * 0.99
+    assert vs_after.ratio < est.ratio < vs_before.ratio
+
+
+def test_too_few_pairs_or_mixed_cells_are_refused() -> None:
+    with pytest.raises(BadInputError, match="2 pairs"):
+        paired_estimate(pairs_under([1.0]))
+    with pytest.raises(BadInputError, match="baseline block"):
+        BlockPair(block(3, 1.0), block(3, 1.0))
+    with pytest.raises(BadInputError, match="different cells"):
+        PairedCell(
+            (BlockPair(block(3, 1.0), block(0, 1.0)), BlockPair(block(2, 1.0), block(0, 1.0)))
+        )

@@ -1,0 +1,170 @@
+"""Interleaved pairs and sequential stopping, on blocks shaped like the engine's real output.
+
+Each fake block is what the runner returns for a trial: request records and iteration stats in
+the ``/metrics`` JSON the embedded server sends (built by the server's own encoder and read back
+by the real parser). A "machine" gives every block a speed that changes with time, so a test can
+slow everything, or one stretch of the run, the way a neighbour on a shared host does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from spectool.decide.cost import evaluate_cell
+from spectool.decide.latency import RequestRecord
+from spectool.engine.engine import IterationStats
+from spectool.measure.runner import TrialConfig, TrialResult
+from spectool.server.metrics import iteration_stats_json
+from spectool.trtllm.iter_stats import parse_iteration_stats
+from spectool.tuning.pairing import LOOK_EVERY, MAX_PAIRS, NotSaved, measure_paired
+from spectool.tuning.trials import pooled_cell
+
+C, K, TOKENS = 2, 3, 16  # concurrency, draft length, output tokens per request
+BASE_MS = 10.0
+
+
+class Machine:
+    """Blocks on a simulated machine: a clock, and a speed factor as a function of the clock."""
+
+    def __init__(
+        self, spec_ms: float, accepted: int, speed: Callable[[float], float], seed: int = 0
+    ):
+        self.spec_ms = spec_ms  # step time at k=K (drafting + verifying) on a quiet machine
+        self.accepted = accepted  # drafts accepted per request-step
+        self.speed = speed
+        self.clock = 0.0
+        self.rng = np.random.default_rng(seed)
+        self.calls: list[tuple[int, int]] = []
+
+    def block(self, pair: int, arm: int) -> TrialResult:
+        self.calls.append((pair, arm))
+        tokens_per_step = 1 + (self.accepted if arm else 0)
+        steps = -(-(TOKENS - 1) // tokens_per_step)
+        entries, t = [], 0.0
+        for i in range(2 * steps):  # two waves of C requests
+            ms = (
+                (self.spec_ms if arm else BASE_MS)
+                * self.speed(self.clock + t)
+                * float(self.rng.lognormal(0, 0.05))
+            )
+            t += ms / 1000
+            stats = IterationStats(
+                timestamp=0.0, iter=i, iter_latency_ms=ms, num_active_requests=C,
+                num_queued_requests=0, num_new_active_requests=0, num_completed_requests=0,
+                max_batch_size=8, max_num_tokens=8192, used_num_tokens=0, prefill_ms=0.0,
+                draft_ms=0.0, verify_ms=ms, coord_ms=0.0, draft_len=arm,
+                num_draft_tokens=C * arm, num_accepted_tokens=C * (tokens_per_step - 1),
+                num_requests_with_draft_tokens=C if arm else 0,
+                accepted_per_pos=tuple(C if j < tokens_per_step - 1 else 0 for j in range(arm)),
+                drafted_per_pos=(C,) * arm, num_decoded_requests=C,
+            )  # fmt: skip
+            entries.append(iteration_stats_json(stats))
+        wave = t / 2
+        records = tuple(
+            RequestRecord(
+                request_id=f"r{r}",
+                category="code",
+                send_time_s=(r // C) * wave,
+                first_token_time_s=(r // C) * wave + 0.001,
+                chunk_times_s=((r // C + 1) * wave,),
+                chunk_token_counts=(TOKENS,),
+                end_time_s=(r // C + 1) * wave,
+                prompt_tokens=10,
+                output_tokens=TOKENS,
+            )  # fmt: skip
+            for r in range(2 * C)
+        )
+        self.clock += t + 0.05
+        config = TrialConfig(label=f"k={arm} #p{pair}", concurrency=C, num_prompts=2 * C)
+        return TrialResult(
+            config, records, ("usage",) * len(records), tuple(parse_iteration_stats(entries)),
+            tuple(entries), t, "",
+        )  # fmt: skip
+
+
+def quiet(_: float) -> float:
+    return 1.0
+
+
+def test_a_clear_gain_settles_at_the_first_look_in_alternating_order() -> None:
+    machine = Machine(spec_ms=18.0, accepted=2, speed=quiet)  # ratio 18 / 3 / 10 = 0.6
+    cell = measure_paired(C, K, machine.block)
+    assert len(cell.pairs) == LOOK_EVERY
+    assert machine.calls[:4] == [(0, K), (0, 0), (1, 0), (1, K)]  # A B, B A
+    assert [p.spec_first for p in cell.pairs] == [True, False, True, False]
+    assert cell.key == (C, K)
+
+
+def test_a_ratio_at_the_threshold_runs_to_the_last_pair_and_stays_inconclusive() -> None:
+    from spectool.decide.paired import evaluate_paired
+
+    machine = Machine(spec_ms=30.0, accepted=2, speed=quiet)  # ratio exactly 1.0
+    cell = measure_paired(C, K, machine.block, budget_s=1e9)
+    assert len(cell.pairs) == MAX_PAIRS
+    assert evaluate_paired(cell, looks=MAX_PAIRS // LOOK_EVERY).verdict == "inconclusive"
+
+
+def test_the_budget_stops_an_unsettled_cell_at_a_look() -> None:
+    machine = Machine(spec_ms=30.0, accepted=2, speed=quiet)
+    cell = measure_paired(C, K, machine.block, budget_s=0.5)
+    assert len(cell.pairs) == LOOK_EVERY  # over budget at the first look
+
+
+def test_a_resumed_run_stops_where_the_first_one_did() -> None:
+    machine = Machine(spec_ms=27.0, accepted=2, speed=lambda t: 1.0 + 0.8 * np.sin(t))
+    saved: dict[tuple[int, int], TrialResult] = {}
+
+    def record(pair: int, arm: int) -> TrialResult:
+        saved[(pair, arm)] = machine.block(pair, arm)
+        return saved[(pair, arm)]
+
+    first = measure_paired(C, K, record, budget_s=1e9)
+
+    def lookup(pair: int, arm: int) -> TrialResult:
+        if (pair, arm) not in saved:
+            raise NotSaved
+        return saved[(pair, arm)]
+
+    again = measure_paired(C, K, lookup, budget_s=1e9)
+    assert len(again.pairs) == len(first.pairs)
+    assert [p.spec for p in again.pairs] == [p.spec for p in first.pairs]
+
+
+def hog(start: float, length: float, factor: float) -> Callable[[float], float]:
+    """A neighbour that slows the machine ``factor`` times from ``start`` for ``length`` s."""
+    return lambda t: factor if start <= t < start + length else 1.0
+
+
+@pytest.mark.parametrize("spec_ms", [18.0, 24.0, 36.0])  # true ratios 0.6, 0.8, 1.2
+def test_a_cpu_hog_mid_cell_never_flips_the_verdict(spec_ms: float) -> None:
+    """A hog that doubles or triples step times for a while, started at many points of the
+    cell: the paired verdict is the quiet one or inconclusive, never the opposite. The unpaired
+    design (the cell against a baseline measured before it) flips under the same hogs."""
+    from spectool.decide.paired import evaluate_paired
+
+    looks = MAX_PAIRS // LOOK_EVERY
+    quiet_verdict = evaluate_paired(
+        measure_paired(C, K, Machine(spec_ms, 2, quiet).block), looks=looks
+    ).verdict
+    assert quiet_verdict == ("pays" if spec_ms < 30 else "does_not_pay")
+    flips_unpaired = 0
+    for i, (start, factor) in enumerate(
+        (s, f) for s in np.linspace(0.0, 1.5, 8) for f in (2.0, 3.0)
+    ):
+        machine = Machine(spec_ms, 2, hog(float(start), 0.6, factor), seed=i)
+        verdict = evaluate_paired(measure_paired(C, K, machine.block), looks=looks).verdict
+        assert verdict in (quiet_verdict, "inconclusive"), (start, factor, verdict)
+        # unpaired: a baseline block measured first (quiet), then the speculative block under
+        # the hog (or the converse): what tune did before pairing
+        base_machine = Machine(spec_ms, 2, hog(0.0, 0.3, factor) if i % 2 else quiet, seed=i)
+        spec_machine = Machine(spec_ms, 2, quiet if i % 2 else hog(0.0, 0.3, factor), seed=i)
+        unpaired = evaluate_cell(
+            pooled_cell([spec_machine.block(0, K)], K),
+            pooled_cell([base_machine.block(0, 0)], 0),
+            n_boot=200,
+        ).verdict
+        flips_unpaired += unpaired not in (quiet_verdict, "inconclusive")
+    assert flips_unpaired > 0  # the harness does bite: without pairs the verdict flips
