@@ -47,6 +47,23 @@ DecisionOpt = Annotated[
 ForceOpt = Annotated[
     bool, typer.Option("--force", help="Replace a different build already in --out.")
 ]
+InertGateOpt = Annotated[
+    str,
+    typer.Option(
+        "--inert-gate",
+        help="Where the release ignores a runtime gate for the method (eagle3/mtp one-model on "
+        "1.1/1.2): serve (no gate; serve's cost gate picks the baseline under load) or "
+        "two-model (eagle3_one_model: false, where the gate works; a different step cost).",
+    ),
+]
+DownloadOpt = Annotated[
+    bool,
+    typer.Option(
+        "--download",
+        help="Releases whose PyTorch backend needs a local draft model (1.0, 1.1): download a "
+        "hub drafter with huggingface_hub and write its local snapshot path.",
+    ),
+]
 ExamplesOpt = Annotated[
     Path | None,
     typer.Option(
@@ -74,6 +91,8 @@ def build(
     decision: DecisionOpt = None,
     force: ForceOpt = False,
     trtllm_examples: ExamplesOpt = None,
+    inert_gate: InertGateOpt = "serve",
+    download: DownloadOpt = False,
     trust_remote_code: TrustRemoteCodeOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -107,6 +126,8 @@ def build(
         force=force,
         trust_remote_code=trust_remote_code,
         trtllm_examples=trtllm_examples,
+        inert_gate=inert_gate,
+        download=download,
     )
     inputs = check_build(request)
     if inputs.report.errors:

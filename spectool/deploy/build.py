@@ -114,6 +114,10 @@ class BuildRequest:
     force: bool = False
     trust_remote_code: bool = False
     trtllm_examples: Path | None = None
+    # Where the release would ignore a runtime gate: "serve" (no gate; serve's cost gate picks
+    # the baseline above break-even) or "two-model" (EAGLE-3 two-model, where it is honoured).
+    inert_gate: str = "serve"
+    download: bool = False
 
 
 @dataclass(frozen=True)
@@ -281,6 +285,7 @@ def _limits(inputs: BuildInputs) -> LimitsRecord:
         max_num_tokens=tokens,
         free_gpu_memory_fraction=kv_cache_fraction(memory, len(sizes) + 1),
         cuda_graph_batch_sizes=sizes,
+        cuda_graph_padding=True,
     )
 
 
@@ -324,18 +329,29 @@ def _runtime_gate(inputs: BuildInputs, limits: LimitsRecord) -> _Gate:
             ),
         )
     info = release_info(release)
+    base, notes = _path_kwargs(inputs, release, off_above)
+    if base is None:
+        return _Gate({}, None, notes)
+    path = "two_model" if base.get("two_model") else "one_model"
     if gate is not None and info.has_max_concurrency:
         return _Gate(
-            {"max_concurrency": gate.max_concurrency}, _record("max_concurrency", off_above), ()
+            {**base, "max_concurrency": gate.max_concurrency},
+            _record("max_concurrency", off_above, path),
+            notes,
         )
     if info.has_draft_len_schedule:
         schedule = decision.draft_len_schedule("from")
-        return _Gate({"draft_len_schedule": schedule}, _record("draft_len_schedule", off_above), ())
+        return _Gate(
+            {**base, "draft_len_schedule": schedule},
+            _record("draft_len_schedule", off_above, path),
+            notes,
+        )
     if info.has_max_concurrency:
         return _Gate(
-            {"max_concurrency": off_above},
-            _record("max_concurrency", off_above),
+            {**base, "max_concurrency": off_above},
+            _record("max_concurrency", off_above, path),
             (
+                *notes,
                 f"{rel} has no draft_len_schedule: the decision's per-concurrency draft lengths "
                 f"became max_draft_len {decision.max_draft_len} up to concurrency {off_above}, then off",
             ),
@@ -351,8 +367,85 @@ def _runtime_gate(inputs: BuildInputs, limits: LimitsRecord) -> _Gate:
     )
 
 
-def _record(kind: str, off_above: int) -> RuntimeGateRecord:
-    return RuntimeGateRecord(kind=kind, off_above=off_above)  # type: ignore[arg-type]
+def _record(kind: str, off_above: int, path: str | None = None) -> RuntimeGateRecord:
+    return RuntimeGateRecord(kind=kind, off_above=off_above, drafter_path=path)  # type: ignore[arg-type]
+
+
+INERT_GATE_CHOICES = ("serve", "two-model")
+
+
+def _path_kwargs(
+    inputs: BuildInputs, release: str, off_above: int
+) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
+    """Renderer arguments for a drafter path that honours the gate, or None and the reason.
+
+    Consults the gate table (:mod:`spectool.trtllm.gates`). Where the method's default path
+    ignores the gate, ``--inert-gate`` chooses, and the note says which and why.
+    """
+    from spectool.trtllm.gates import gate_support, two_model_key
+    from spectool.trtllm.releases import release_info
+
+    report, choice = inputs.report, inputs.request.inert_gate
+    if choice not in INERT_GATE_CHOICES:
+        raise BadInputError(
+            "--inert-gate", f"expected one of {', '.join(INERT_GATE_CHOICES)}, got {choice!r}"
+        )
+    mtp_layers = report.target.mtp_layers if report.method == "mtp" else None
+    support = gate_support(release, report.method, mtp_layers=mtp_layers)
+    kwargs: dict[str, Any] = {"mtp_layers": mtp_layers} if mtp_layers else {}
+    info = release_info(release)
+    if support.effective or not (info.has_max_concurrency or info.has_draft_len_schedule):
+        if not support.effective:
+            return None, (
+                f"TensorRT-LLM {release} cannot switch speculation off by batch size (no "
+                f"draft_len_schedule or max_concurrency); speculative.yaml always speculates and "
+                f"spectool serve's cost gate picks baseline.yaml above concurrency {off_above}",
+            )
+        return kwargs, ()
+    key = two_model_key(release, report.method)
+    if choice == "two-model" and key is not None:
+        return {**kwargs, "two_model": True}, (
+            f"{support.describe()}; chose the two-model path ({key}: false) so the runtime "
+            f"gate takes effect: two-model has a different step cost from the one-model path, "
+            "so measure it (spectool tune) before relying on the decision",
+        )
+    alternative = (
+        f"; --inert-gate two-model would write {key}: false instead (a different step cost, to "
+        "be measured)"
+        if key is not None
+        else ""
+    )
+    return None, (
+        f"{support.describe()}; chose no runtime gate: speculative.yaml always speculates and "
+        f"spectool serve's cost gate picks baseline.yaml above concurrency {off_above}"
+        f"{alternative}",
+    )
+
+
+# PyTorch releases that load the draft model from a local folder only: PR #10099 ("Auto download
+# speculative models from HF for pytorch backend", merged 2025-12-18) says "for the PyTorch /
+# AutoDeploy backends, the draft model for speculative decoding needs to be provided as a local
+# path"; it shipped with 1.2 (speculative_model with alias speculative_model_dir, v1.2.json).
+LOCAL_DRAFTER_RELEASES = frozenset({"0.21", "1.0", "1.1"})
+
+
+def _local_drafter(ref: str, drafter: Checkpoint, release: str, req: BuildRequest) -> str:
+    """A local folder for a hub drafter on releases that cannot download it themselves."""
+    if Path(ref).expanduser().is_dir():
+        return ref
+    if not req.download:
+        raise BadInputError(
+            "drafter",
+            f"TensorRT-LLM {release}'s PyTorch backend needs a local draft model folder, not the "
+            f"repo id {ref}; pass --download, or run `huggingface-cli download {ref} --local-dir "
+            f"DIR` and give DIR as the drafter",
+        )
+    from huggingface_hub import snapshot_download
+
+    try:
+        return str(snapshot_download(ref, revision=drafter.revision or None))
+    except Exception as exc:  # network, auth, missing repo: one line, exit 2
+        raise BadInputError("drafter", f"cannot download {ref}: {exc}") from None
 
 
 def _validated_yaml(text: str, release: str, backend: str) -> bytes:
@@ -380,6 +473,8 @@ def _trtllm_files(inputs: BuildInputs, limits: LimitsRecord, gate: _Gate) -> dic
     drafter_ref = None
     if report.drafter is not None and spec is not None and spec.drafter_key is not None:
         drafter_ref = model_ref(report.drafter)
+        if backend == "pytorch" and release in LOCAL_DRAFTER_RELEASES:
+            drafter_ref = _local_drafter(drafter_ref, report.drafter, release, inputs.request)
     extra = {"max_seq_len": limits.max_seq_len}
     speculative = render_speculative_yaml(
         report.method,

@@ -264,6 +264,10 @@ def prepare_serve(
         if manifest.runtime_gate is not None
         else None
     )
+    inert = _inert_gate_reason(manifest)
+    if runtime_gate is not None and inert is not None:
+        warnings.append(f"the build's {runtime_gate.kind} is not relied on: {inert}")
+        runtime_gate = None
     gate = decide_speculation(
         speculation,
         _decision_of(manifest),
@@ -284,3 +288,22 @@ def prepare_serve(
         torch_config=torch_config,
     )
     return ServePlan(build_dir, manifest, gate, command, tuple(warnings))
+
+
+def _inert_gate_reason(manifest: Manifest) -> str | None:
+    """Why the manifest's runtime gate would do nothing on its release (None: it works).
+
+    The cost gate never relies on a gate the gate table (:mod:`spectool.trtllm.gates`) says the
+    release ignores, e.g. a build written before the table existed.
+    """
+    record = manifest.runtime_gate
+    if record is None or manifest.engine != "trtllm" or manifest.trtllm is None:
+        return None
+    from spectool.trtllm.gates import gate_support, two_model_key
+
+    release = manifest.trtllm.release
+    two_model = record.drafter_path == "two_model" and two_model_key(release, manifest.method)
+    support = gate_support(
+        release, manifest.method, backend=manifest.trtllm.backend, two_model=bool(two_model)
+    )
+    return None if support.honours(record.kind) else support.describe()

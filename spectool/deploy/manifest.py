@@ -81,13 +81,21 @@ class LimitsRecord(_Record):
     max_num_tokens: int | None = None
     free_gpu_memory_fraction: float | None = None
     cuda_graph_batch_sizes: tuple[int, ...] | None = None
+    # Graph coverage, the same in baseline and speculative configs: padding on with the list
+    # (True), or TensorRT-LLM's default list (None: no graph keys written).
+    cuda_graph_padding: bool | None = None
 
 
 class RuntimeGateRecord(_Record):
-    """The speculative config switches speculation off by itself above batch ``off_above``."""
+    """The speculative config switches speculation off by itself above batch ``off_above``.
+
+    ``drafter_path`` is the path the gate was written for (the gate table in
+    :mod:`spectool.trtllm.gates` says it is honoured there); None in older manifests.
+    """
 
     kind: Literal["draft_len_schedule", "max_concurrency"]
     off_above: int = Field(ge=1)
+    drafter_path: Literal["one_model", "two_model"] | None = None
 
 
 class EngineStep(_Record):

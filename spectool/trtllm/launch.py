@@ -22,7 +22,11 @@ from pathlib import Path
 from spectool.errors import ConfigError, EngineMissingError
 from spectool.trtllm.releases import check_backend, release_info
 
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+# trtllm-serve binds an IPv4 socket before loading (commands/serve.py launch_server:
+# socket.socket(socket.AF_INET, ...); s.bind((host, port)) -> "Failed to bind socket" [SRC @00209af]),
+# so an IPv6 host never works there.
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost"})
+IPV6_LOOPBACK = frozenset({"::1", "[::1]"})
 SERVE_INSTALL_HINT = (
     "install TensorRT-LLM (pip install tensorrt-llm --extra-index-url https://pypi.nvidia.com) or "
     "run inside the NGC container nvcr.io/nvidia/tensorrt-llm/release"
@@ -95,6 +99,12 @@ def build_serve_argv(
     missing = info.backend_missing_reason(backend)
     if missing is not None:
         raise ConfigError(f"backend {backend!r}", missing)
+    if host in IPV6_LOOPBACK:
+        raise ConfigError(
+            "host",
+            f"trtllm-serve binds an IPv4 socket only (launch_server: AF_INET), so {host!r} fails "
+            "with 'Failed to bind socket'; use --host 127.0.0.1",
+        )
     if host not in LOOPBACK_HOSTS:
         raise ConfigError("host", f"spectool binds servers to loopback only, got {host!r}")
     if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:

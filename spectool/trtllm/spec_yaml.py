@@ -19,7 +19,15 @@ maps to ``max_draft_len``. It is written per release:
 CUDA graphs (PyTorch backend): when batch sizes are given or a schedule/``max_concurrency`` is
 written, ``cuda_graph_config.batch_sizes`` (0.21: ``cuda_graph_batch_sizes``) lists the given
 sizes, or powers of two up to ``max_batch_size`` (default cap 128, TensorRT-LLM's default), plus
-every schedule key, so each draft-length change lands on a captured graph.
+every schedule key, so each draft-length change lands on a captured graph. Padding is switched
+on with the list (``cuda_graph_config.enable_padding``, 0.21: ``cuda_graph_padding_enabled``):
+``CudaGraphConfig.enable_padding`` defaults to False in 1.0-1.2 (option tables), so without it a
+batch size missing from the list runs without a graph, and baseline and speculative configs must
+get the same coverage to be compared fairly. Both renderers write the same graph keys.
+
+Runtime gates are written only where the release honours them for the method's drafter path
+(:mod:`spectool.trtllm.gates`); elsewhere rendering fails instead of writing an inert key.
+``two_model=True`` selects EAGLE-3's two-model path (``eagle3_one_model: false``, 1.0-1.2).
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, PositiveInt
 
 from spectool.errors import BadInputError, ConfigError
+from spectool.trtllm.gates import GateSupport, gate_support, two_model_key
 from spectool.trtllm.releases import ReleaseInfo, check_method, release_info
 from spectool.trtllm.validate import validate_options
 
@@ -88,6 +97,7 @@ class KvCacheOut(_Out):
 
 class CudaGraphOut(_Out):
     batch_sizes: list[PositiveInt]
+    enable_padding: bool | None = None
     mode: Literal["decode"] | None = None
 
 
@@ -102,6 +112,7 @@ class SpeculativeOut(_Out):
     pytorch_weights_path: str | None = None
     max_concurrency: PositiveInt | None = None
     draft_len_schedule: dict[PositiveInt, int] | None = None
+    eagle3_one_model: bool | None = None
 
 
 class LlmApiOptionsOut(_Out):
@@ -114,6 +125,7 @@ class LlmApiOptionsOut(_Out):
     cuda_graph_config: CudaGraphOut | None = None
     use_cuda_graph: bool | None = None
     cuda_graph_batch_sizes: list[PositiveInt] | None = None
+    cuda_graph_padding_enabled: bool | None = None
 
 
 # ---- schedules ---------------------------------------------------------------------------------
@@ -182,8 +194,12 @@ def _runtime_gate(
     schedule: Mapping[int, int] | None,
     max_concurrency: int | None,
     max_batch_size: int | None,
+    support: GateSupport | None = None,
 ) -> dict[str, Any]:
-    """``draft_len_schedule`` / ``max_concurrency`` entries for the release (may be empty)."""
+    """``draft_len_schedule`` / ``max_concurrency`` entries for the release (may be empty).
+
+    ``support`` (the gate table's row for the method) refuses a gate the release would ignore.
+    """
     rel = f"TensorRT-LLM {info.release}"
     if schedule is not None and max_concurrency is not None:
         raise ConfigError(
@@ -203,6 +219,16 @@ def _runtime_gate(
     if backend != "pytorch":
         raise ConfigError(
             "draft_len_schedule", f"runtime draft-length gates are PyTorch-only ({rel})"
+        )
+    if (
+        support is not None
+        and not support.effective
+        and (info.has_max_concurrency or info.has_draft_len_schedule)
+    ):
+        raise ConfigError(
+            "max_concurrency" if max_concurrency is not None else "draft_len_schedule",
+            f"{rel} accepts the key but ignores it for {support.method} "
+            f"({support.path.replace('_', '-')}): {support.why}",
         )
     if max_concurrency is not None and info.has_max_concurrency:
         return {"max_concurrency": max_concurrency}
@@ -235,7 +261,7 @@ def _graph_sizes(limits: ServeLimits, gate: Mapping[str, Any]) -> list[int] | No
     elif "max_concurrency" in gate:
         keys = {gate["max_concurrency"]}
     if limits.cuda_graph_batch_sizes is None and not keys:
-        return None
+        return None  # TensorRT-LLM's own default list, the same for baseline and speculative
     cap = limits.max_batch_size or DEFAULT_CUDA_GRAPH_CAP
     if limits.cuda_graph_batch_sizes is not None:
         base = set(limits.cuda_graph_batch_sizes)
@@ -262,8 +288,9 @@ def _common(
         if style == "flat":
             out["use_cuda_graph"] = True
             out["cuda_graph_batch_sizes"] = sizes
+            out["cuda_graph_padding_enabled"] = True
         else:
-            out["cuda_graph_config"] = {"batch_sizes": sizes}
+            out["cuda_graph_config"] = {"batch_sizes": sizes, "enable_padding": True}
             if style == "config_mode":
                 out["cuda_graph_config"]["mode"] = "decode"
     return out
@@ -297,8 +324,13 @@ def render_speculative_yaml(
     limits: ServeLimits | None = None,
     speculative_extra: Mapping[str, Any] | None = None,
     extra: Mapping[str, Any] | None = None,
+    two_model: bool = False,
+    mtp_layers: int | None = None,
 ) -> str:
     """YAML for ``trtllm-serve --config``: speculation with ``method`` on ``release``/``backend``.
+
+    ``two_model`` writes EAGLE-3's two-model switch (``eagle3_one_model: false``, 1.0-1.2);
+    ``mtp_layers`` (the target's MTP layer count) decides whether main's MTP honours a gate.
 
     ``drafter_ref`` is the draft model (HF id or local folder; None for NGram and MTP's own
     layers), ``max_draft_len`` the draft length (tokens per step). ``draft_len_schedule`` (spectool
@@ -323,14 +355,31 @@ def render_speculative_yaml(
     if spec.drafter_required and not drafter_ref:
         raise ConfigError("drafter", f"{method} in TensorRT-LLM {release} needs a draft model")
     limits = limits or ServeLimits()
+    switch = two_model_key(release, method) if two_model else None
+    if two_model and switch is None:
+        raise ConfigError(
+            f"{method} two-model",
+            f"TensorRT-LLM {release} has no two-model switch for {method} (eagle3 on 1.0-1.2 only)",
+        )
+    support = gate_support(
+        release, method, backend=backend, two_model=two_model, mtp_layers=mtp_layers
+    )
     gate = _runtime_gate(
-        info, backend, max_draft_len, draft_len_schedule, max_concurrency, limits.max_batch_size
+        info,
+        backend,
+        max_draft_len,
+        draft_len_schedule,
+        max_concurrency,
+        limits.max_batch_size,
+        support,
     )
     speculative: dict[str, Any] = {"decoding_type": spec.decoding_type}
     speculative.update({key: max_draft_len for key in spec.depth_keys})
     if drafter_ref is not None:
         speculative[spec.drafter_key] = str(drafter_ref)
     speculative.update(spec.fixed)
+    if switch is not None:
+        speculative[switch] = False
     speculative.update(gate)
     options = LlmApiOptionsOut(
         speculative_config=SpeculativeOut(**speculative),

@@ -15,6 +15,14 @@ Finding codes (stable, documented in the README):
   Eagle3 path is generic, so it may work).
 * ``TRTLLM_SM_UNLISTED`` (warning): an SM at or above the minimum that the support matrix of the
   release does not list.
+* ``TRTLLM_GATE_INERT`` (warning): the release parses ``max_concurrency`` /
+  ``draft_len_schedule`` for the method but its default drafter path ignores them (the gate
+  table, :mod:`spectool.trtllm.gates`), so speculation cannot be switched off under load by the
+  engine itself.
+* ``TRTLLM_ONE_MODEL_RESUME_BUG`` (warning): main's one-model dynamic draft length: after a
+  drafter skipped drafting under load (draft length 0 above the schedule) and resumes,
+  acceptance collapses; the fix, PR #16888 "Keep drafting alive when dynamic draft length hits
+  its floor", is open (July 2026).
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ UNSUPPORTED = "UNSUPPORTED_BY_TRTLLM"
 EAGLE_ALIAS = "EAGLE_ALIAS"
 ARCH_UNLISTED = "TRTLLM_ARCH_UNLISTED"
 SM_UNLISTED = "TRTLLM_SM_UNLISTED"
+GATE_INERT = "TRTLLM_GATE_INERT"
+RESUME_BUG = "TRTLLM_ONE_MODEL_RESUME_BUG"
 
 
 def _sm_text(sm: int) -> str:
@@ -154,6 +164,8 @@ def support_findings(
                 )
             )
 
+    warnings += _gate_findings(method, backend, release)
+
     if sm is not None:
         if sm < info.min_sm:
             errors.append(
@@ -185,3 +197,36 @@ def support_findings(
                     )
                 )
     return errors + warnings
+
+
+def _gate_findings(method: str, backend: str, release: str) -> list[Finding]:
+    """Runtime-gate findings from the gate table (see the module docstring)."""
+    from spectool.trtllm.gates import gate_support, two_model_key
+
+    info = release_info(release)
+    if backend != "pytorch" or not (info.has_max_concurrency or info.has_draft_len_schedule):
+        return []
+    support = gate_support(release, method, backend=backend)
+    out: list[Finding] = []
+    if not support.effective:
+        key = two_model_key(release, method)
+        alternative = f"build --inert-gate two-model ({key}: false) or " if key else ""
+        out.append(
+            warning(
+                GATE_INERT,
+                f"{support.describe()}: TensorRT-LLM {release} keeps speculating at every batch "
+                "size",
+                f"{alternative}let spectool serve's cost gate pick the baseline above break-even",
+            )
+        )
+    elif release == "main" and support.path == "one_model":
+        out.append(
+            warning(
+                RESUME_BUG,
+                f"TensorRT-LLM main, {method} one-model with a runtime gate: acceptance collapses "
+                "after the drafter skipped drafting under load and resumes (PR #16888, open)",
+                "keep the gate's cut-off above the usual load, or serve the baseline under load "
+                "(--speculation auto without a gate)",
+            )
+        )
+    return out

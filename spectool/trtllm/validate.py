@@ -64,6 +64,12 @@ _ANY = {"Any", "object"}
 # speculative_model for Eagle].
 _NEEDS_DRAFTER = {"EagleDecodingConfig", "Eagle3DecodingConfig", "DraftTargetDecodingConfig"}
 _POSITIVE_DEPTH = _NEEDS_DRAFTER | {"MedusaDecodingConfig"}
+# Releases where the documented spelling (``DraftTarget``) fails: 1.2's ``speculative_config`` is
+# a pydantic union discriminated on ``decoding_type`` with the literal ``Draft_Target`` and no
+# alias mapping (DraftTargetDecodingConfig.decoding_type: Literal["Draft_Target"], option table
+# v1.2.json); a discriminated union matches its tags exactly. main records a
+# ``_decoding_type_alias`` for the documented spelling, so main keeps accepting it.
+_LITERAL_ONLY = frozenset({"1.2"})
 
 
 def validate_options(
@@ -341,6 +347,12 @@ class _Checker:
         if "decoding_type" not in value:
             self.fail(dpath, f"required; one of {', '.join(spec.accepted())} in {self.rel}")
         spelling = value["decoding_type"]
+        if spelling in spec.doc_aliases and self.info.release in _LITERAL_ONLY:
+            self.fail(
+                dpath,
+                f"{self.rel} rejects {spelling!r}: speculative_config is a union discriminated "
+                f"on decoding_type, whose literal is {spec.doc_aliases[spelling]!r}",
+            )
         cls_name = spec.class_for(spelling) if isinstance(spelling, str) else None
         if cls_name is None:
             self.fail(

@@ -46,6 +46,14 @@ class TrtllmDriver:
         self._current: ServerInfo | None = None
         self._plans: dict[int, Any] = {}
         self.starts = 0
+        from spectool.trtllm.gates import gate_support
+
+        # The gate table's row for what is measured: tune's servers run without a runtime gate;
+        # a decision's gate only takes effect in a build where this row says the release honours it.
+        t = resolved.report.trtllm or {}
+        self.gate = gate_support(
+            t.get("release", "main"), resolved.method, backend=t.get("backend", "pytorch")
+        )
 
     def build_dir(self, k: int) -> Path:
         """The build folder serving ``k`` (the baseline uses the largest ``k``'s)."""

@@ -145,18 +145,22 @@ CUTOFF = {1: 4, 16: 4, 64: 0}
 
 
 @pytest.mark.parametrize(
-    ("version", "schedule", "expected", "note"),
+    ("version", "schedule", "inert", "expected", "note"),
     [
-        ("1.2.1", STEPPED, {"draft_len_schedule": {1: 4, 5: 2, 9: 0}}, None),
-        ("1.3.0rc24", STEPPED, {"draft_len_schedule": {4: 4, 8: 2}}, None),
-        ("1.1.0", STEPPED, {"max_concurrency": 8}, "has no draft_len_schedule"),
-        ("1.0.0", STEPPED, {}, "cannot switch speculation off"),
-        ("1.2.1", CUTOFF, {"max_concurrency": 16}, None),
-        ("1.3.0rc24", CUTOFF, {"max_concurrency": 16}, None),
+        # eagle3 is one-model by default: 1.1/1.2 ignore its gate (issue 15), so build either
+        # writes none and lets serve's cost gate pick the baseline, or goes two-model.
+        ("1.2.1", STEPPED, "serve", {}, "chose no runtime gate"),
+        ("1.2.1", STEPPED, "two-model", {"draft_len_schedule": {1: 4, 5: 2, 9: 0}}, "two-model"),
+        ("1.3.0rc24", STEPPED, "serve", {"draft_len_schedule": {4: 4, 8: 2}}, None),
+        ("1.1.0", STEPPED, "two-model", {"max_concurrency": 8}, "two-model"),
+        ("1.1.0", STEPPED, "serve", {}, "chose no runtime gate"),
+        ("1.0.0", STEPPED, "two-model", {}, "cannot switch speculation off"),
+        ("1.2.1", CUTOFF, "two-model", {"max_concurrency": 16}, "two-model"),
+        ("1.3.0rc24", CUTOFF, "serve", {"max_concurrency": 16}, None),
     ],
 )
 def test_decision_becomes_the_release_runtime_gate(
-    make_ckpt, tmp_path, capsys, version, schedule, expected, note
+    make_ckpt, tmp_path, capsys, version, schedule, inert, expected, note
 ) -> None:
     decision = write_decision(tmp_path / "decision.json", schedule)
     out = tmp_path / "b"
@@ -169,6 +173,8 @@ def test_decision_becomes_the_release_runtime_gate(
         version,
         "--decision",
         str(decision),
+        "--inert-gate",
+        inert,
         "--out",
         str(out),
     )
@@ -176,12 +182,17 @@ def test_decision_becomes_the_release_runtime_gate(
     spec = yaml.safe_load((out / "speculative.yaml").read_text())["speculative_config"]
     gate = {k: spec[k] for k in ("draft_len_schedule", "max_concurrency") if k in spec}
     assert gate == expected
+    two_model = bool(expected) and inert == "two-model"
+    assert spec.get("eagle3_one_model") is (False if two_model else None)
     m = json.loads((out / "manifest.json").read_text())
     assert m["decision"]["sha256"] == sha(decision) == m["files"]["decision.json"]
     assert m["decision"]["schedule"] == {str(c): k for c, k in schedule.items()}
     off_above = max(c for c, k in schedule.items() if k)
+    path = "two_model" if two_model else "one_model"
     assert m["runtime_gate"] == (
-        {"kind": next(iter(expected)), "off_above": off_above} if expected else None
+        {"kind": next(iter(expected)), "off_above": off_above, "drafter_path": path}
+        if expected
+        else None
     )
     assert (note is None) == (not m["notes"]) and (note is None or note in m["notes"][0])
     if expected:  # every schedule key lands on a captured CUDA graph
@@ -257,7 +268,7 @@ def test_torch_engine_build_records_the_embedded_engine_config(tiny_pair, tmp_pa
     assert (m["engine"], m["trtllm"], m["runtime_gate"]) == (
         "torch",
         None,
-        {"kind": "max_concurrency", "off_above": 4},
+        {"kind": "max_concurrency", "off_above": 4, "drafter_path": None},
     )
     assert m["commands"]["serve"][:4] == ["spectool", "serve", str(target), str(drafter)]
     assert (

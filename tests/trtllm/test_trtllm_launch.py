@@ -210,3 +210,11 @@ def test_poll_health_without_a_server_a_dead_child_or_a_stop():
     assert (wait.outcome, wait.exit_code) == ("exited", 7)
     wait = poll_health(url, timeout_s=5, stopped=lambda: True)
     assert wait.outcome == "stopped"
+
+
+def test_ipv6_loopback_is_refused_for_trtllm_serve():
+    from spectool.errors import ConfigError
+    from spectool.trtllm.launch import build_serve_argv
+
+    with pytest.raises(ConfigError, match="IPv4 socket only"):
+        build_serve_argv("m", release="1.2", backend="pytorch", config_path=None, host="::1")

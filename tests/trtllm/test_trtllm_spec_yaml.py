@@ -51,7 +51,7 @@ GOLDEN_CASES = {
         "pytorch",
         EAGLE3_LLAMA,
         4,
-        {"draft_len_schedule": {1: 4, 4: 2, 8: 0}},
+        {"draft_len_schedule": {1: 4, 4: 2, 8: 0}, "two_model": True},
     ),
     "eagle3_schedule_main": (
         "eagle3",
@@ -161,7 +161,9 @@ def test_schedule_translation():
 
 
 def _spec(release, **kwargs):
+    """EAGLE-3 on its gate-honouring path: two-model up to 1.2, one-model on main."""
     kwargs.setdefault("limits", LIMITS)
+    kwargs.setdefault("two_model", release != "main")
     text = render_speculative_yaml(
         "eagle3", release, "pytorch", drafter_ref="d", max_draft_len=4, **kwargs
     )
@@ -195,6 +197,7 @@ def test_trivial_schedule_writes_nothing():
         "decoding_type",
         "max_draft_len",
         "speculative_model_dir",
+        "eagle3_one_model",
     }
     assert "cuda_graph_config" not in options
 
@@ -212,7 +215,11 @@ def test_cuda_graph_sizes_cover_schedule_keys_and_respect_given_sizes():
     limits = ServeLimits(max_batch_size=32, cuda_graph_batch_sizes=(1, 8, 32))
     options = _spec("main", draft_len_schedule={1: 4, 6: 2, 12: 0}, limits=limits)
     assert options["speculative_config"]["draft_len_schedule"] == {5: 4, 11: 2}
-    assert options["cuda_graph_config"] == {"batch_sizes": [1, 5, 8, 11, 32], "mode": "decode"}
+    assert options["cuda_graph_config"] == {
+        "batch_sizes": [1, 5, 8, 11, 32],
+        "enable_padding": True,
+        "mode": "decode",
+    }
     flat = _spec("0.21", limits=limits)
     assert flat["use_cuda_graph"] is True and flat["cuda_graph_batch_sizes"] == [1, 8, 32]
 
@@ -277,3 +284,44 @@ def test_read_options_yaml(tmp_path):
         read_options_yaml(listing, "1.2", "pytorch")
     with pytest.raises(BadInputError, match="cannot read"):
         read_options_yaml(tmp_path / "missing.yaml", "1.2", "pytorch")
+
+
+@pytest.mark.parametrize(
+    ("method", "release", "drafter"),
+    [
+        ("eagle3", "1.1", "d"),
+        ("eagle3", "1.2", "d"),
+        ("mtp", "1.1", None),
+        ("mtp", "1.2", None),
+    ],
+)
+def test_a_gate_the_release_ignores_is_refused(method, release, drafter):
+    with pytest.raises(ConfigError, match=r"ignores it for .*one-model.*self\.drafter is not None"):
+        render_speculative_yaml(
+            method, release, "pytorch", drafter_ref=drafter, max_draft_len=1, max_concurrency=8
+        )
+
+
+def test_two_model_eagle3_writes_the_switch_and_is_refused_on_main():
+    options = _spec("1.2", max_concurrency=8)
+    assert options["speculative_config"]["eagle3_one_model"] is False
+    assert _spec("main", max_concurrency=8)["speculative_config"].get("eagle3_one_model") is None
+    with pytest.raises(ConfigError, match="no two-model"):
+        _spec("main", max_concurrency=8, two_model=True)
+
+
+@pytest.mark.parametrize("release", ["0.21", "1.0", "1.1", "1.2", "main"])
+def test_baseline_and_speculative_get_the_same_graph_coverage(release):
+    limits = ServeLimits(max_batch_size=48, cuda_graph_batch_sizes=(1, 2, 4, 8, 16, 32, 48))
+    spec = yaml.safe_load(
+        render_speculative_yaml(
+            "ngram", release, "pytorch", drafter_ref=None, max_draft_len=3, limits=limits
+        )
+    )
+    base = yaml.safe_load(render_baseline_yaml(release, "pytorch", limits=limits))
+    graph_keys = ("cuda_graph_config", "cuda_graph_batch_sizes", "cuda_graph_padding_enabled")
+    assert {k: spec.get(k) for k in graph_keys} == {k: base.get(k) for k in graph_keys}
+    if release == "0.21":
+        assert base["cuda_graph_padding_enabled"] is True
+    else:
+        assert base["cuda_graph_config"]["enable_padding"] is True

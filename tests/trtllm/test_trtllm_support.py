@@ -6,11 +6,14 @@ import pytest
 
 from spectool.errors import ConfigError
 from spectool.findings import Severity
-from spectool.trtllm.support import support_findings
+from spectool.trtllm.support import GATE_INERT, RESUME_BUG, support_findings
+
+GATE_CODES = {GATE_INERT, RESUME_BUG}
 
 
 def _codes(findings):
-    return [(f.code, f.severity) for f in findings]
+    """Codes of the support rules; the runtime-gate findings have tests of their own below."""
+    return [(f.code, f.severity) for f in findings if f.code not in GATE_CODES]
 
 
 def _run(method, backend="pytorch", release="1.2", arch=None, drafter=None, sm=None):
@@ -48,7 +51,10 @@ def test_eagle_on_pytorch_with_eagle1_weights_is_an_error():
 
 
 def test_eagle_on_tensorrt_1_2_is_ok():
-    assert _run("eagle", "tensorrt", "1.2", arch="LlamaForCausalLM", drafter="eagle1", sm=90) == []
+    assert (
+        _codes(_run("eagle", "tensorrt", "1.2", arch="LlamaForCausalLM", drafter="eagle1", sm=90))
+        == []
+    )
 
 
 def test_eagle_on_tensorrt_needs_a_llama_target():
@@ -73,22 +79,25 @@ def test_mtp_on_deepseek_v3_needs_hopper():
     low = _run("mtp", "pytorch", "1.2", arch="DeepseekV3ForCausalLM", drafter="mtp", sm=80)
     assert _codes(low) == [ERR]
     assert "SM 9.0" in low[0].message and "SM 8.0" in low[0].message
-    assert _run("mtp", "pytorch", "1.2", arch="DeepseekV3ForCausalLM", drafter="mtp", sm=90) == []
+    assert (
+        _codes(_run("mtp", "pytorch", "1.2", arch="DeepseekV3ForCausalLM", drafter="mtp", sm=90))
+        == []
+    )
 
 
 def test_mtp_architectures_grow_with_releases():
     glm = "Glm4MoeForCausalLM"
     assert _codes(_run("mtp", "pytorch", "1.2", arch=glm)) == [ERR]
-    assert _run("mtp", "pytorch", "main", arch=glm) == []
+    assert _codes(_run("mtp", "pytorch", "main", arch=glm)) == []
     v32 = "DeepseekV32ForCausalLM"
     assert _codes(_run("mtp", "pytorch", "1.1", arch=v32)) == [ERR]
-    assert _run("mtp", "pytorch", "1.2", arch=v32) == []
+    assert _codes(_run("mtp", "pytorch", "1.2", arch=v32)) == []
 
 
 def test_deepseek_v4_mtp_needs_blackwell():
     arch = "DeepseekV4ForCausalLM"
     assert _codes(_run("mtp", "pytorch", "main", arch=arch, sm=90)) == [ERR]
-    assert _run("mtp", "pytorch", "main", arch=arch, sm=100) == []
+    assert _codes(_run("mtp", "pytorch", "main", arch=arch, sm=100)) == []
 
 
 @pytest.mark.parametrize("method", ["ngram", "mtp", "draft_model", "eagle3"])
@@ -105,28 +114,28 @@ def test_eagle3_drafter_kind_mismatches():
 
 def test_mtp_with_a_separate_drafter_only_on_main():
     assert _codes(_run("mtp", "pytorch", "1.2", drafter="causal_lm")) == [ERR]
-    assert _run("mtp", "pytorch", "main", drafter="causal_lm") == []
+    assert _codes(_run("mtp", "pytorch", "main", drafter="causal_lm")) == []
 
 
 def test_eagle3_unlisted_architecture_is_a_warning_only():
     findings = _run("eagle3", arch="Gemma3ForCausalLM", drafter="eagle3", sm=90)
     assert _codes(findings) == [("TRTLLM_ARCH_UNLISTED", Severity.WARNING)]
-    assert _run("eagle3", arch="LlamaForCausalLM", drafter="eagle3", sm=90) == []
+    assert _codes(_run("eagle3", arch="LlamaForCausalLM", drafter="eagle3", sm=90)) == []
 
 
 def test_sm_checks():
     assert _codes(_run("ngram", sm=75)) == [ERR]
     assert _codes(_run("ngram", sm=87)) == [("TRTLLM_SM_UNLISTED", Severity.WARNING)]
-    assert _run("ngram", sm=89) == []
+    assert _codes(_run("ngram", sm=89)) == []
     # SM 12.1 (DGX Spark) arrived in 1.0, SM 10.3 (B300) in 1.1.
     assert _codes(_run("ngram", release="0.21", sm=121)) == [
         ("TRTLLM_SM_UNLISTED", Severity.WARNING)
     ]
-    assert _run("ngram", release="1.0", sm=121) == []
+    assert _codes(_run("ngram", release="1.0", sm=121)) == []
     assert _codes(_run("ngram", release="1.0", sm=103)) == [
         ("TRTLLM_SM_UNLISTED", Severity.WARNING)
     ]
-    assert _run("ngram", release="1.1", sm=103) == []
+    assert _codes(_run("ngram", release="1.1", sm=103)) == []
 
 
 def test_bad_arguments_raise():
@@ -138,3 +147,28 @@ def test_bad_arguments_raise():
         _run("ngram", release="0.19")
     with pytest.raises(ConfigError, match="drafter kind"):
         _run("ngram", drafter="medusa2")
+
+
+@pytest.mark.parametrize(
+    ("method", "release", "codes"),
+    [
+        ("eagle3", "1.1", [GATE_INERT]),
+        ("eagle3", "1.2", [GATE_INERT]),
+        ("mtp", "1.2", [GATE_INERT]),
+        ("draft_model", "1.2", []),
+        ("ngram", "1.1", []),
+        ("eagle3", "1.0", []),  # no gate keys at all: nothing to be inert
+        ("eagle3", "main", [RESUME_BUG]),
+        ("mtp", "main", [RESUME_BUG]),
+        ("ngram", "main", []),
+    ],
+)
+def test_runtime_gate_findings_follow_the_gate_table(method, release, codes):
+    findings = [f for f in _run(method, "pytorch", release) if f.code in GATE_CODES]
+    assert [f.code for f in findings] == codes
+    assert all(f.severity is Severity.WARNING for f in findings)
+    if codes == [GATE_INERT] and method == "eagle3":
+        assert "--inert-gate two-model" in findings[0].hint
+        assert "self.drafter is not None" in findings[0].message
+    if codes == [RESUME_BUG]:
+        assert "#16888" in findings[0].message

@@ -113,7 +113,10 @@ def test_decoding_type_spellings():
     )
     dt = {"decoding_type": "DraftTarget", "max_draft_len": 4, "speculative_model_dir": "/m"}
     ok({"speculative_config": dt}, "1.0")
-    ok({"speculative_config": dt}, "1.2")  # documented alias of Draft_Target
+    # 1.2's discriminated union matches the literal Draft_Target only (issue 15, point 4)
+    bad({"speculative_config": dt}, "speculative_config.decoding_type", "1.2", match="literal")
+    ok({"speculative_config": dict(dt, decoding_type="Draft_Target")}, "1.2")
+    ok({"speculative_config": dt}, "main")  # main records the documented alias
     ok({"speculative_config": dict(dt, decoding_type="Draft_Target")}, "main")
     bad(
         {"speculative_config": dict(dt, decoding_type="Draft_Target")},
