@@ -321,3 +321,26 @@ def test_world_is_deterministic() -> None:
     a, b = World().measure(4, 2), World().measure(4, 2)
     assert a == b
     assert replace(World(), seed=1).measure(4, 2) != a
+
+
+def test_bracketing_judges_unpaired_cells_against_the_baseline_before_and_after() -> None:
+    """trtllm's design: after the speculative cells, every concurrency that has one gets its
+    baseline measured again; a machine that slowed meanwhile widens the interval instead of
+    turning into a fake gain."""
+    world = World()
+    slow = replace(world, fixed_ms=world.fixed_ms * 1.5, seed=7)  # 50% slower by the end
+    after_calls: list[int] = []
+
+    def measure_after(c: int) -> CellMeasurement:
+        after_calls.append(c)
+        return slow.measure(c, 0)
+
+    concs = (1, 4, 16)
+    result = tune(concs, 4, Recorder(world), n_boot=200, measure_after=measure_after)
+    assert sorted(after_calls) == sorted({v.concurrency for v in result.cells})
+    assert {v.design for v in result.cells} == {"bracketed"}
+    plain = {(p.concurrency, p.k): p for p in tune(concs, 4, Recorder(world), n_boot=200).cells}
+    for v in result.cells:
+        assert v.paired is not None and v.paired.drift_base > 1.2
+        same = plain[(v.concurrency, v.k)]
+        assert v.ci_low <= same.ci_low * 1.01 and v.ci_high >= same.ci_high * 0.99
