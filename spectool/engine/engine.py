@@ -167,7 +167,8 @@ class IterationStats:
     ``accepted_per_pos[i]`` / ``drafted_per_pos[i]``: requests whose draft at position i was
     accepted / proposed (length = max_draft_len, or the draft length set by
     :meth:`Engine.set_draft_len`; empty for ``method="none"``). ``num_decoded_requests``: requests
-    in this iteration's decode step (the new ones, prefilled in it, decode from the next one).
+    in this iteration's decode step (the new ones, prefilled in it, decode from the next one);
+    ``num_prompt_tokens``: prompt tokens prefilled in it.
     """
 
     timestamp: float
@@ -191,6 +192,7 @@ class IterationStats:
     accepted_per_pos: tuple[int, ...]
     drafted_per_pos: tuple[int, ...]
     num_decoded_requests: int = 0
+    num_prompt_tokens: int = 0
 
 
 def scheduled_draft_len(
@@ -526,6 +528,7 @@ class Engine:
                 accepted_per_pos=tuple(accepted_per_pos),
                 drafted_per_pos=tuple(drafted_per_pos),
                 num_decoded_requests=len(batch),
+                num_prompt_tokens=sum(r.prompt_len for r in admitted),
             )
             with self._lock:
                 self._stats.append(stats)

@@ -2,8 +2,11 @@
 
 Endpoints: ``GET /health`` (503 while the model loads, 200 after; trtllm-serve's contract),
 ``GET /version``, ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``
-(streamed as server-sent events or not) and ``GET /metrics`` (TensorRT-LLM's iteration-stats
-JSON, drained on read: see :mod:`spectool.server.metrics`).
+(streamed as server-sent events or not), ``GET /metrics`` (TensorRT-LLM's iteration-stats
+JSON, drained on read: see :mod:`spectool.server.metrics`) and ``GET /prometheus/metrics``
+(totals as Prometheus text, never drained). spectool's own: ``GET|POST /spectool/draft_len``
+(the draft length switched in place, for ``tune``'s paired blocks) and
+``GET /spectool/iterations?after=N`` (iteration stats paged by number, not drained).
 
 The model loads on a background thread once the app starts, so the socket answers ``/health``
 during the load. Every malformed request gets a 4xx JSON body in OpenAI's error shape
@@ -40,7 +43,7 @@ from spectool.server.driver import (
     GenerationRequest,
     RequestStream,
 )
-from spectool.server.metrics import iteration_stats_json
+from spectool.server.metrics import PROMETHEUS_PATH, iteration_stats_json
 from spectool.server.schemas import (
     AssistantMessage,
     ChatChoice,
@@ -206,6 +209,12 @@ def create_app(
         if state.driver is None:
             return []
         return [iteration_stats_json(s) for s in state.driver.drain_stats()]
+
+    @app.get(PROMETHEUS_PATH)
+    async def prometheus() -> Response:
+        """Totals since start as Prometheus text (trtllm-serve's path and metric names)."""
+        text = "" if state.driver is None else state.driver.prometheus(state.model_name)
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/spectool/iterations")
     async def iterations(after: int = -1) -> list[dict[str, Any]]:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from spectool.engine.engine import Engine, IterationStats, SamplingParams, TokenEvent
 from spectool.engine.tokenizer import IncrementalDecoder
+from spectool.server.metrics import PrometheusTotals
 
 __all__ = ["AsyncEngine", "Delta", "EngineDeadError", "GenerationRequest", "RequestStream"]
 
@@ -216,6 +217,7 @@ class AsyncEngine:
         self.error: BaseException | None = None
         # Finish reasons of the engine's events (loop thread only): "stop", "length", "abort".
         self.finish_counts: Counter[str] = Counter()
+        self.totals = PrometheusTotals()  # since start, for /prometheus/metrics (stats lock)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -303,6 +305,13 @@ class AsyncEngine:
         with self._stats_lock:
             return [r for r in self._history if r.iter > after]
 
+    def prometheus(self, model_name: str) -> str:
+        """Totals since start in Prometheus' text format (never drained)."""
+        from spectool.server.metrics import prometheus_text
+
+        with self._stats_lock:
+            return prometheus_text(self.totals, model_name)
+
     def last_iteration(self) -> int:
         """The newest recorded iteration's number (-1 before the first)."""
         with self._stats_lock:
@@ -341,6 +350,8 @@ class AsyncEngine:
                 with self._stats_lock:
                     self._stats.extend(records)
                     self._history.extend(records)
+                    for record in records:
+                        self.totals.add(record, record.num_prompt_tokens)
             if events:
                 self._call_soon(self._dispatch, events)
 

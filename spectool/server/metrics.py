@@ -100,3 +100,61 @@ def iteration_stats_json(stats: IterationStats) -> dict[str, Any]:
         "draftLen": stats.draft_len,
     }
     return entry
+
+
+# Prometheus text at /prometheus/metrics, where trtllm-serve mounts prometheus_client's app
+# (tensorrt_llm/serve/openai_server.py, main 2026: Mount("/prometheus/metrics", ...)); metric
+# names from tensorrt_llm/metrics/collector.py (main @050f80d). Counters are totals since the
+# server started and never drained, so any number of readers may scrape them.
+PROMETHEUS_PATH = "/prometheus/metrics"
+_PROMETHEUS: tuple[tuple[str, str, str], ...] = (
+    ("trtllm_num_requests_completed_total", "counter", "Total number of completed requests."),
+    ("trtllm_prompt_tokens_total", "counter", "Cumulative number of prompt tokens processed."),
+    ("trtllm_generation_tokens_total", "counter", "Cumulative number of output tokens produced."),
+    ("trtllm_spec_decode_num_draft_tokens_total", "counter", "Total draft tokens proposed."),
+    ("trtllm_spec_decode_num_accepted_tokens_total", "counter", "Total draft tokens accepted."),
+    ("trtllm_iterations_total", "counter", "Engine iterations (spectool extension)."),
+    ("trtllm_num_requests_running", "gauge", "Number of active requests."),
+    ("trtllm_num_requests_waiting", "gauge", "Number of queued requests."),
+    ("trtllm_iteration_latency_seconds", "gauge", "Latency of the last iteration in seconds."),
+    ("trtllm_spec_decode_acceptance_length", "gauge", "Mean acceptance length, last iteration."),
+)
+
+
+class PrometheusTotals:
+    """Running totals of the engine's iterations, for :func:`prometheus_text`."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, float] = {name: 0.0 for name, _, _ in _PROMETHEUS}
+
+    def add(self, stats: IterationStats, prompt_tokens: int = 0) -> None:
+        v = self.values
+        v["trtllm_num_requests_completed_total"] += stats.num_completed_requests
+        v["trtllm_prompt_tokens_total"] += prompt_tokens
+        v["trtllm_generation_tokens_total"] += (
+            stats.num_new_active_requests + stats.num_decoded_requests + stats.num_accepted_tokens
+        )
+        v["trtllm_spec_decode_num_draft_tokens_total"] += stats.num_draft_tokens
+        v["trtllm_spec_decode_num_accepted_tokens_total"] += stats.num_accepted_tokens
+        v["trtllm_iterations_total"] += 1
+        v["trtllm_num_requests_running"] = stats.num_active_requests
+        v["trtllm_num_requests_waiting"] = stats.num_queued_requests
+        v["trtllm_iteration_latency_seconds"] = stats.iter_latency_ms / 1000.0
+        with_drafts = stats.num_requests_with_draft_tokens
+        if with_drafts:
+            v["trtllm_spec_decode_acceptance_length"] = (
+                stats.num_accepted_tokens + with_drafts
+            ) / with_drafts
+
+
+def prometheus_text(totals: PrometheusTotals, model_name: str) -> str:
+    """The totals in Prometheus' text exposition format (version 0.0.4)."""
+    label = model_name.replace("\\", "\\\\").replace('"', '\\"')
+    lines = []
+    for name, kind, help_text in _PROMETHEUS:
+        lines += [
+            f"# HELP {name} {help_text}",
+            f"# TYPE {name} {kind}",
+            f'{name}{{model_name="{label}",engine_type="spectool"}} {totals.values[name]!r}',
+        ]
+    return "\n".join(lines) + "\n"

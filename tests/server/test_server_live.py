@@ -290,3 +290,32 @@ def test_first_streamed_chunk_carries_the_prefill_token_alone(live: LiveServer) 
         events = sse_events(list(response.iter_lines()))
     counts = [e["usage"]["completion_tokens"] for e in events[:-1] if e.get("usage")]
     assert counts[0] == 1 and counts[-1] == 12
+
+
+def _prometheus(url: str) -> dict[str, float]:
+    response = httpx.get(f"{url}/prometheus/metrics")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+    values = {}
+    for line in response.text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            assert name.endswith('{model_name="tiny-spec",engine_type="spectool"}')
+            values[name.split("{")[0]] = float(value)
+    return values
+
+
+def test_prometheus_totals_at_trtllm_serves_path_are_never_drained(live: LiveServer) -> None:
+    before = _prometheus(live.url)
+    body = {"prompt": "the draft model", "max_tokens": 7, "temperature": 0, "ignore_eos": True}
+    usage = httpx.post(f"{live.url}/v1/completions", json=body, timeout=60).json()["usage"]
+    httpx.get(f"{live.url}/metrics")  # draining the JSON stats takes nothing from the totals
+    after = _prometheus(live.url)
+    assert _prometheus(live.url) == after  # reading twice changes nothing
+    delta = {name: after[name] - before[name] for name in after}
+    assert delta["trtllm_num_requests_completed_total"] == 1
+    assert delta["trtllm_generation_tokens_total"] == usage["completion_tokens"] == 7
+    assert delta["trtllm_prompt_tokens_total"] == usage["prompt_tokens"]
+    assert delta["trtllm_spec_decode_num_draft_tokens_total"] > 0
+    drafted = delta["trtllm_spec_decode_num_draft_tokens_total"]
+    assert 0 <= delta["trtllm_spec_decode_num_accepted_tokens_total"] <= drafted
+    assert delta["trtllm_iterations_total"] >= 2  # a prefill, then decode steps
