@@ -1,4 +1,4 @@
-"""Every verdict and code in ../shared/fixtures/ckpt/EXPECTED.md holds, plus the token-space
+"""Every verdict and code in tests/fixtures/ckpt/EXPECTED.md holds, plus the token-space
 warnings on real tokenizers."""
 
 from __future__ import annotations
