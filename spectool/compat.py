@@ -447,13 +447,17 @@ def _cost_rule(target: Checkpoint, drafter: Checkpoint) -> list[Finding]:
     return [
         warning(
             "DRAFTER_NOT_CHEAPER",
-            f"the drafter is not cheaper than the target: {d_layers} layers and "
-            f"{_count(d_params)} parameters against the target's {t_layers} layers and "
+            f"the drafter is not cheaper than the target: {_layers(d_layers)} and "
+            f"{_count(d_params)} parameters against the target's {_layers(t_layers)} and "
             f"{_count(t_params)}; each draft token costs about as much as a target step",
             "Pass the target first and the drafter second, or use a drafter with far fewer "
             "layers and parameters (a tenth of the target's is typical).",
         )
     ]
+
+
+def _layers(n: int | None) -> str:
+    return "? layers" if n is None else f"{n} layer{'' if n == 1 else 's'}"
 
 
 def _count(n: int) -> str:

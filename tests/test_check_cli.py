@@ -252,3 +252,38 @@ def test_absurd_draft_length_is_a_finding(make_ckpt, capsys) -> None:
     assert [f["code"] for f in report["findings"] if f["severity"] == "error"] == [
         "MAX_DRAFT_LEN_INVALID"
     ]
+
+
+def _at_80_columns(*argv: str) -> list[str]:
+    out = subprocess.run(
+        [sys.executable, "-m", "spectool.cli.app", *argv],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "80", "LINES": "50"},
+        check=False,
+        timeout=120,
+    )
+    assert out.returncode in (0, 1), out.stderr
+    return out.stdout.splitlines()
+
+
+def test_help_and_tables_fit_80_columns_without_broken_tokens() -> None:
+    for command in ("check", "serve", "build"):
+        lines = _at_80_columns(command, "--help")
+        assert all(len(line) <= 80 for line in lines) and not any("…" in line for line in lines)
+    text = "\n".join(_at_80_columns("check", "--help"))
+    assert "medusa" in text and "draft_model" in text and "--trtllm-backend" in text
+    # The demo pair swapped: a findings table with long words, and the checkpoint facts.
+    lines = _at_80_columns(
+        "check", "spectool:demo-drafter", "spectool:demo-target", "--engine", "torch"
+    )
+    assert all(len(line) <= 80 for line in lines)
+    for token in (
+        "spectool:demo-drafter",
+        "spectool:demo-target",
+        "LlamaForCausalLM",
+        "float16",
+        "DRAFTER_NOT_CHEAPER",
+        "parameters",
+    ):
+        assert any(token in line for line in lines), token

@@ -87,7 +87,8 @@ ServeMethodOpt = Annotated[
     str,
     typer.Option(
         "--method",
-        help="torch engine: auto|draft_model|ngram|none (auto: draft_model with a drafter, else none).",
+        help="torch engine: auto, draft_model, ngram or none (auto: draft_model with a "
+        "drafter, else none).",
     ),
 ]
 HostOpt = Annotated[
@@ -108,7 +109,7 @@ ServedNameOpt = Annotated[
     ),
 ]
 LogLevelOpt = Annotated[
-    str, typer.Option("--log-level", help="Server log level: debug|info|warning|error.")
+    str, typer.Option("--log-level", help="Server log level: debug, info, warning or error.")
 ]
 
 
