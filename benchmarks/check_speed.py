@@ -1,7 +1,7 @@
 """Speed target of `spectool check`: Llama-3.1-8B-Instruct against its EAGLE-3 head from local
 folders reads headers only, in under 1 s wall and 200 MB peak RSS on 2 cores.
 
-Builds the two folders from ../shared/fixtures (sparse files: exact headers, no data), then runs
+Builds the two folders from tests/fixtures (sparse files: exact headers, no data), then runs
 the real CLI as a separate process several times and prints wall time and peak RSS (from
 ``os.wait4`` of each run).
 

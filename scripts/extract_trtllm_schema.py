@@ -1,7 +1,8 @@
 """Generate spectool's compact TensorRT-LLM option tables from the research schema files.
 
-Input: ``../shared/research/trtllm-schema/{v1.0,v1.1,v1.2,main-0004396}.json`` (facts extracted
-with ``ast`` from four versions of ``tensorrt_llm/llmapi/llm_args.py``; see that folder's README).
+Input: ``tests/fixtures/trtllm-schema/{v1.0,v1.1,v1.2,main-0004396}.json``, the repository's copy
+of ``../shared/research/trtllm-schema`` (facts extracted with ``ast`` from four versions of
+``tensorrt_llm/llmapi/llm_args.py``; see that folder's README).
 Output: ``spectool/trtllm/schema/{0.21,1.0,1.1,1.2,main}.json``, read at run time by
 ``spectool.trtllm.releases``.
 
@@ -35,7 +36,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-RESEARCH = REPO.parent / "shared" / "research" / "trtllm-schema"
+# A copy of ../shared/research/trtllm-schema kept in the repository (the tables' "source" fields
+# still name where the extraction was made).
+RESEARCH = REPO / "tests" / "fixtures" / "trtllm-schema"
 OUT = REPO / "spectool" / "trtllm" / "schema"
 
 SOURCES = {

@@ -7,6 +7,9 @@ judge the checkpoints alone, which is what ``--engine none`` reports.
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 from spectool.ckpt.inspect import CAUSAL_LM, EAGLE1, EAGLE3, KIND_LABELS, MEDUSA, Checkpoint
 from spectool.ckpt.tokenizer import compare_vocabularies
 from spectool.errors import BadInputError
@@ -25,6 +28,10 @@ EXPECTED_KIND = {
 METHOD_FOR_KIND = {EAGLE3: "eagle3", EAGLE1: "eagle", CAUSAL_LM: "draft_model", MEDUSA: "medusa"}
 # EAGLE-3 fuses the hidden states of three target layers unless the head's config says otherwise.
 DEFAULT_EAGLE3_CAPTURE = 3
+# The longest draft spectool accepts. Acceptance falls with each position (published deployments
+# draft 1-8 tokens; Medusa/EAGLE trees stay under 64 draft tokens), and every engine reserves
+# max_draft_len + 1 KV slots and token-budget entries per sequence and step.
+MAX_DRAFT_LEN = 64
 
 
 def resolve_method(method: str, target: Checkpoint, drafter: Checkpoint | None) -> str:
@@ -55,12 +62,15 @@ def check_pair(
 ) -> list[Finding]:
     """Every checkpoint-level finding for ``drafter`` speculating for ``target`` with ``method``."""
     findings: list[Finding] = []
-    if max_draft_len is not None and max_draft_len < 1:
+    if max_draft_len is not None and not 1 <= max_draft_len <= MAX_DRAFT_LEN:
         findings.append(
             error(
                 "MAX_DRAFT_LEN_INVALID",
-                f"max_draft_len {max_draft_len} < 1",
-                "Give --max-draft-len 1 or more.",
+                f"max_draft_len {max_draft_len} < 1"
+                if max_draft_len < 1
+                else f"max_draft_len {max_draft_len} is beyond what any engine runs "
+                f"(at most {MAX_DRAFT_LEN})",
+                f"Give --max-draft-len between 1 and {MAX_DRAFT_LEN} (1-8 is typical).",
             )
         )
     if target.kind != CAUSAL_LM:
@@ -99,6 +109,7 @@ def check_pair(
         return findings
     if method == "draft_model":
         findings += _token_space_rules(target, drafter)
+        findings += _cost_rule(target, drafter)
     elif method == "eagle3":
         findings += _eagle3_rules(target, drafter)
     elif method == "eagle":
@@ -425,25 +436,105 @@ def _mtp_rules(
     return findings
 
 
-def _norm_name(ref: str) -> str:
+def _cost_rule(target: Checkpoint, drafter: Checkpoint) -> list[Finding]:
+    """A draft model must be much cheaper than the target; a swapped pair is not."""
+    t_layers, d_layers = target.num_layers, drafter.num_layers
+    t_params, d_params = target.num_parameters, drafter.num_parameters
+    deeper = bool(t_layers and d_layers and d_layers >= t_layers)
+    larger = bool(t_params and d_params >= t_params)
+    if not (deeper or larger):
+        return []
+    return [
+        warning(
+            "DRAFTER_NOT_CHEAPER",
+            f"the drafter is not cheaper than the target: {_layers(d_layers)} and "
+            f"{_count(d_params)} parameters against the target's {_layers(t_layers)} and "
+            f"{_count(t_params)}; each draft token costs about as much as a target step",
+            "Pass the target first and the drafter second, or use a drafter with far fewer "
+            "layers and parameters (a tenth of the target's is typical).",
+        )
+    ]
+
+
+def _layers(n: int | None) -> str:
+    return "? layers" if n is None else f"{n} layer{'' if n == 1 else 's'}"
+
+
+def _count(n: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f}{unit}"
+    return str(n)
+
+
+_HF_CACHE_RE = re.compile(r"^models--([^/]+?)--([^/]+)$")
+
+
+def _model_ids(target: Checkpoint) -> tuple[set[str], set[str]]:
+    """(known repo ids, plausible names) of the target, lower-cased.
+
+    A repo id is known from a Hub reference (one that has a revision), a Hugging Face cache path
+    (``models--org--name``) or an ``org/name`` ``_name_or_path`` in its config. A name (the last
+    path component) comes from those and from the folder's own name, which a person chose and
+    so can confirm an identity but never refute one.
+    """
+    ids: set[str] = set()
+    names: set[str] = set()
+    if target.revision is not None and "/" in target.ref:
+        ids.add(target.ref.split("@")[0].lower())
+    for part in (*Path(target.ref).parts, *target.path.parts):
+        m = _HF_CACHE_RE.match(part)
+        if m:
+            ids.add(f"{m.group(1)}/{m.group(2)}".lower())
+    name_or_path = target.config.get("_name_or_path")
+    if isinstance(name_or_path, str) and name_or_path:
+        if _looks_like_repo_id(name_or_path):
+            ids.add(name_or_path.lower())
+        else:
+            names.add(_last_name(name_or_path))
+    names |= {i.split("/")[-1] for i in ids}
+    names |= {_last_name(target.ref), _last_name(str(target.path))}
+    return ids, names
+
+
+def _looks_like_repo_id(ref: str) -> bool:
+    return bool(re.fullmatch(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+", ref))
+
+
+def _last_name(ref: str) -> str:
     return ref.rstrip("/").split("/")[-1].split("@")[0].lower()
 
 
 def _base_model_rule(target: Checkpoint, drafter: Checkpoint) -> list[Finding]:
+    """The head's ``base_model_name_or_path`` against the target's identity, where known.
+
+    A local copy of the base model (``/models/vicuna-7b-v1.3`` for ``lmsys/vicuna-7b-v1.3``)
+    matches by name; a mismatch is an error only when the target's repo id is known, otherwise
+    a warning that the identity could not be verified.
+    """
     base = drafter.base_model
     if not base:
         return []
-    names = {_norm_name(target.ref), _norm_name(str(target.path))}
-    name_or_path = target.config.get("_name_or_path")
-    if isinstance(name_or_path, str) and name_or_path:
-        names.add(_norm_name(name_or_path))
-    if _norm_name(base) in names:
+    ids, names = _model_ids(target)
+    base_id = base.split("@")[0].lower() if _looks_like_repo_id(base.split("@")[0]) else None
+    if (base_id is not None and base_id in ids) or _last_name(base) in names:
         return []
+    if ids:
+        return [
+            error(
+                "BASE_MODEL_MISMATCH",
+                f"{drafter.ref} names base model {base!r}, target is {' / '.join(sorted(ids))}",
+                "Use the head trained for this target (heads are tied to their base model's "
+                "hidden states).",
+            )
+        ]
     return [
-        error(
-            "BASE_MODEL_MISMATCH",
-            f"{drafter.ref} names base model {base!r}, target is {target.ref!r}",
-            "Use the head trained for this target (heads are tied to their base model's hidden states).",
+        warning(
+            "BASE_MODEL_UNVERIFIED",
+            f"{drafter.ref} names base model {base!r}; the identity of target {target.ref} "
+            "could not be verified (a local folder of another name, no _name_or_path)",
+            "Make sure the target is that base model: heads are tied to their base model's "
+            "hidden states. Naming the folder after the model silences this.",
         )
     ]
 

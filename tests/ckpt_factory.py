@@ -1,4 +1,4 @@
-"""Turn ../shared/fixtures/ckpt/<repo> metadata into real checkpoint folders for tests.
+"""Turn tests/fixtures/ckpt/<repo> metadata into real checkpoint folders for tests.
 
 Each folder gets the real config.json, weight files whose headers hold exactly the listed
 tensors (safetensors: exact headers, data region left sparse by truncating the file to its full
@@ -10,17 +10,23 @@ Qwen2.5).
 
 from __future__ import annotations
 
+import functools
+import gzip
+import hashlib
 import json
 import math
+import os
 import re
+import shutil
 import struct
+import tempfile
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED = (REPO_ROOT / ".." / "shared").resolve()
-CKPT_FIXTURES = SHARED / "fixtures" / "ckpt"
-TOKENIZERS = SHARED / "fixtures" / "tokenizers"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+CKPT_FIXTURES = FIXTURES / "ckpt"
+TOKENIZER_SOURCES = FIXTURES / "tokenizers"  # tokenizer.json stored gzipped (20 MB -> 4 MB)
+TRTLLM_SCHEMA_FIXTURES = FIXTURES / "trtllm-schema"
 
 _ST_DTYPES = {
     "bfloat16": "BF16",
@@ -30,6 +36,38 @@ _ST_DTYPES = {
     "bool": "BOOL",
 }
 _BYTES = {"BF16": 2, "F16": 2, "F32": 4, "I64": 8, "BOOL": 1, "F8_E4M3": 1}
+
+
+@functools.cache
+def tokenizers_dir() -> Path:
+    """The real tokenizers, unpacked once into a temporary folder named by their content.
+
+    Returns a folder with ``llama3/`` and ``qwen3/``, each holding ``tokenizer.json`` and
+    ``tokenizer_config.json`` as the libraries expect them. Unpacking writes to a private folder
+    first and renames it into place, so concurrent test runs never see half a file.
+    """
+    sources = sorted(TOKENIZER_SOURCES.glob("*/*"))
+    digest = hashlib.sha256()
+    for path in sources:
+        digest.update(path.relative_to(TOKENIZER_SOURCES).as_posix().encode())
+        digest.update(path.read_bytes())
+    dest = Path(tempfile.gettempdir()) / f"spectool-test-tokenizers-{digest.hexdigest()[:16]}"
+    if dest.is_dir():
+        return dest
+    work = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
+    for path in sources:
+        out = work / path.relative_to(TOKENIZER_SOURCES)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if path.suffix == ".gz":
+            with gzip.open(path, "rb") as src, open(out.with_suffix(""), "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        else:
+            shutil.copyfile(path, out)
+    try:
+        os.rename(work, dest)
+    except OSError:  # another run put it there first
+        shutil.rmtree(work, ignore_errors=True)
+    return dest
 
 
 def fixture_dir(repo_id: str) -> Path:
@@ -139,7 +177,7 @@ def _tokenizer_family(repo_id: str) -> tuple[str, int] | None:
 
 
 def write_tokenizer(folder: Path, family: str, keep: int) -> None:
-    src = TOKENIZERS / family
+    src = tokenizers_dir() / family
     tok = json.loads((src / "tokenizer.json").read_text())
     tok["added_tokens"] = [t for t in tok["added_tokens"] if t["id"] < keep]
     vocab = tok["model"]["vocab"]

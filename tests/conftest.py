@@ -1,4 +1,4 @@
-"""Shared fixtures: real checkpoint folders built from ../shared/fixtures (once per session)."""
+"""Shared fixtures: real checkpoint folders built from tests/fixtures (once per session)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def ckpt_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def make_ckpt(ckpt_root: Path):
-    """repo id -> folder of a real (sparse) checkpoint built from the shared fixtures."""
+    """repo id -> folder of a real (sparse) checkpoint built from tests/fixtures."""
     built: dict[str, Path] = {}
 
     def make(repo_id: str) -> Path:

@@ -179,3 +179,111 @@ def test_usage_errors_exit_2_without_traceback(capsys, argv: list[str]) -> None:
     code, _, err = run(capsys, *argv)
     assert code == 2
     assert "Traceback" not in err
+
+
+def _with_config(make_ckpt, folder: Path, config: dict | str) -> Path:
+    """Llama-3.2-1B's real weights (linked) beside ``config`` (a dict, or raw JSON text)."""
+    src = make_ckpt("meta-llama/Llama-3.2-1B-Instruct")
+    folder.mkdir()
+    for weights in src.glob("*.safetensors"):
+        (folder / weights.name).symlink_to(weights)
+    raw = config if isinstance(config, str) else json.dumps(config)
+    (folder / "config.json").write_text(raw)
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (None, "hidden_size"),  # {}: nothing the verdict needs
+        ({"hidden_size": "big"}, "hidden_size"),
+        ({"hidden_size": float("nan")}, "hidden_size"),
+        ({"vocab_size": 0, "hidden_size": 0}, "hidden_size"),
+        ({"num_hidden_layers": -3}, "num_hidden_layers"),
+        ({"vocab_size": 10**15}, "vocab_size"),
+        ({"hidden_size": 2048.0}, "hidden_size"),
+        ({"max_position_embeddings": True}, "max_position_embeddings"),
+        ({"vocab_size": None}, "vocab_size"),
+    ],
+)
+def test_broken_config_is_bad_input_not_compatible(
+    make_ckpt, tmp_path: Path, capsys, change: dict | None, field: str
+) -> None:
+    real = json.loads((make_ckpt("meta-llama/Llama-3.2-1B-Instruct") / "config.json").read_text())
+    config = {} if change is None else {**real, **change}
+    folder = _with_config(make_ckpt, tmp_path / "broken", config)
+    for argv in ([str(folder)], [str(make_ckpt(LLAMA)), str(folder)]):
+        code, out, err = run(capsys, "check", *argv, "--engine", "none")
+        assert code == 2, out
+        assert err.count("\n") == 1 and "Traceback" not in err
+        assert f"{folder}/config.json" in err and field in err and "compatible" not in out
+
+
+def test_deeply_nested_json_is_one_line(make_ckpt, tmp_path: Path, capsys) -> None:
+    folder = _with_config(
+        make_ckpt, tmp_path / "deep", '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    )
+    code, _, err = run(capsys, "check", str(folder), "--engine", "none")
+    assert code == 2 and err.count("\n") == 1 and "nested deeper than 64" in err
+    header = json.dumps({"x": {"dtype": "F16", "shape": [1], "data_offsets": [0, 2]}}).encode()
+    header = header[:-1] + b', "y": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"
+    shard = tmp_path / "deep-header"
+    shard.mkdir()
+    (shard / "config.json").write_text("{}")
+    (shard / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0\0")
+    code, _, err = run(capsys, "check", str(shard), "--engine", "none")
+    assert code == 2 and err.count("\n") == 1 and "nested deeper than 64" in err
+
+
+def test_absurd_draft_length_is_a_finding(make_ckpt, capsys) -> None:
+    code, out, _ = run(
+        capsys,
+        "check",
+        str(make_ckpt(LLAMA)),
+        str(make_ckpt("meta-llama/Llama-3.2-1B-Instruct")),
+        "--max-draft-len",
+        "1000000000",
+        "--engine",
+        "none",
+        "--json",
+    )
+    report = json.loads(out)
+    assert code == 1 and report["verdict"] == "incompatible"
+    assert [f["code"] for f in report["findings"] if f["severity"] == "error"] == [
+        "MAX_DRAFT_LEN_INVALID"
+    ]
+
+
+def _at_80_columns(*argv: str) -> list[str]:
+    out = subprocess.run(
+        [sys.executable, "-m", "spectool.cli.app", *argv],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "80", "LINES": "50"},
+        check=False,
+        timeout=120,
+    )
+    assert out.returncode in (0, 1), out.stderr
+    return out.stdout.splitlines()
+
+
+def test_help_and_tables_fit_80_columns_without_broken_tokens() -> None:
+    for command in ("check", "serve", "build"):
+        lines = _at_80_columns(command, "--help")
+        assert all(len(line) <= 80 for line in lines) and not any("…" in line for line in lines)
+    text = "\n".join(_at_80_columns("check", "--help"))
+    assert "medusa" in text and "draft_model" in text and "--trtllm-backend" in text
+    # The demo pair swapped: a findings table with long words, and the checkpoint facts.
+    lines = _at_80_columns(
+        "check", "spectool:demo-drafter", "spectool:demo-target", "--engine", "torch"
+    )
+    assert all(len(line) <= 80 for line in lines)
+    for token in (
+        "spectool:demo-drafter",
+        "spectool:demo-target",
+        "LlamaForCausalLM",
+        "float16",
+        "DRAFTER_NOT_CHEAPER",
+        "parameters",
+    ):
+        assert any(token in line for line in lines), token

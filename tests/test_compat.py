@@ -1,4 +1,4 @@
-"""Every verdict and code in ../shared/fixtures/ckpt/EXPECTED.md holds, plus the token-space
+"""Every verdict and code in tests/fixtures/ckpt/EXPECTED.md holds, plus the token-space
 warnings on real tokenizers."""
 
 from __future__ import annotations
@@ -101,8 +101,11 @@ def test_mtp_draft_len_and_base_model(make_ckpt) -> None:
     ds = inspect_folder(make_ckpt("deepseek-ai/DeepSeek-V3"))
     f = {x.code: x for x in check_pair(ds, None, "mtp", max_draft_len=3)}
     assert "MTP_DRAFT_LEN" in f and "replays" in f["MTP_DRAFT_LEN"].message
+    # A Hub reference (it has a revision) names the target's identity.
     target = inspect_folder(
-        make_ckpt("meta-llama/Llama-2-7b-chat-hf"), "meta-llama/Llama-2-7b-chat-hf"
+        make_ckpt("meta-llama/Llama-2-7b-chat-hf"),
+        "meta-llama/Llama-2-7b-chat-hf",
+        revision="0" * 40,
     )
     head = inspect_folder(make_ckpt("yuhuili/EAGLE-llama2-chat-7B"))
     object.__setattr__(
@@ -110,3 +113,77 @@ def test_mtp_draft_len_and_base_model(make_ckpt) -> None:
     )
     codes = {x.code for x in check_pair(target, head, "eagle") if x.severity is Severity.ERROR}
     assert codes == {"BASE_MODEL_MISMATCH"}
+
+
+# -- base-model identity (Medusa heads on a Vicuna-shaped target) ------------------------------
+
+
+def _medusa_head(folder: Path, base: str) -> Path:
+    from ckpt_factory import write_torch_bin
+
+    folder.mkdir(parents=True)
+    config = {"medusa_num_heads": 2, "medusa_num_layers": 1, "base_model_name_or_path": base}
+    (folder / "config.json").write_text(json.dumps(config))
+    tensors = {}
+    for h in range(2):
+        tensors[f"{h}.0.linear.weight"] = ("F16", [4096, 4096])
+        tensors[f"{h}.0.linear.bias"] = ("F16", [4096])
+        tensors[f"{h}.1.weight"] = ("F16", [32000, 4096])
+    write_torch_bin(folder / "medusa_lm_head.pt", tensors)
+    return folder
+
+
+def _target_at(make_ckpt, folder: Path, **config) -> Path:
+    """The Llama-2-7B fixture (Vicuna's shape) at ``folder``: its config, weights linked."""
+    src = make_ckpt("meta-llama/Llama-2-7b-chat-hf")
+    folder.mkdir(parents=True)
+    cfg = json.loads((src / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, **config}))
+    for weights in src.glob("model*.safetensors*"):
+        (folder / weights.name).symlink_to(weights)
+    return folder
+
+
+def _base_findings(target: Path, head: Path) -> dict[str, Severity]:
+    findings = check_pair(inspect_folder(target, str(target)), inspect_folder(head), "medusa")
+    return {f.code: f.severity for f in findings if f.code.startswith("BASE_MODEL")}
+
+
+def test_base_model_identity_of_local_folders(make_ckpt, tmp_path: Path) -> None:
+    head = _medusa_head(tmp_path / "medusa", "lmsys/vicuna-7b-v1.3")
+    # A local copy named like the model, a Hugging Face cache snapshot, a matching _name_or_path.
+    copy = _target_at(make_ckpt, tmp_path / "models" / "vicuna-7b-v1.3")
+    snap = tmp_path / "hub" / "models--lmsys--vicuna-7b-v1.3" / "snapshots" / ("a" * 40)
+    cached = _target_at(make_ckpt, snap)
+    named = _target_at(make_ckpt, tmp_path / "prod" / "llm", _name_or_path="lmsys/vicuna-7b-v1.3")
+    for target in (copy, cached, named):
+        assert _base_findings(target, head) == {}, target
+    # A folder of another name and nothing else to go by: a warning, not an error.
+    anon = _target_at(make_ckpt, tmp_path / "models" / "chatbot")
+    assert _base_findings(anon, head) == {"BASE_MODEL_UNVERIFIED": Severity.WARNING}
+    # Known identities that differ: the cache path or _name_or_path of another model.
+    other = tmp_path / "hub" / "models--meta-llama--Llama-2-7b-chat-hf" / "snapshots" / ("b" * 40)
+    for target in (
+        _target_at(make_ckpt, other),
+        _target_at(make_ckpt, tmp_path / "x" / "llm", _name_or_path="meta-llama/Llama-2-7b-hf"),
+    ):
+        assert _base_findings(target, head) == {"BASE_MODEL_MISMATCH": Severity.ERROR}, target
+
+
+def test_swapped_pair_is_a_warning(make_ckpt) -> None:
+    small = inspect_folder(make_ckpt("meta-llama/Llama-3.2-1B-Instruct"))
+    large = inspect_folder(make_ckpt("meta-llama/Llama-3.1-8B-Instruct"))
+    swapped = {f.code: f for f in check_pair(small, large, "draft_model")}
+    assert swapped["DRAFTER_NOT_CHEAPER"].severity is Severity.WARNING
+    assert "32 layers" in swapped["DRAFTER_NOT_CHEAPER"].message
+    assert "DRAFTER_NOT_CHEAPER" not in {f.code for f in check_pair(large, small, "draft_model")}
+
+
+@pytest.mark.parametrize("k", [0, 65, 1_000_000_000])
+def test_draft_length_out_of_range_is_an_error(make_ckpt, k: int) -> None:
+    target = inspect_folder(make_ckpt("meta-llama/Llama-3.1-8B-Instruct"))
+    drafter = inspect_folder(make_ckpt("meta-llama/Llama-3.2-1B-Instruct"))
+    findings = check_pair(target, drafter, "draft_model", max_draft_len=k)
+    assert [f.code for f in findings if f.severity is Severity.ERROR] == ["MAX_DRAFT_LEN_INVALID"]
+    at_limit = check_pair(target, drafter, "draft_model", max_draft_len=64)
+    assert not [f for f in at_limit if f.severity is Severity.ERROR]

@@ -26,7 +26,7 @@ from spectool.profiles import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-EXPECTED_PAIRS = REPO.parent / "shared" / "fixtures" / "ckpt" / "expected_pairs.json"
+EXPECTED_PAIRS = REPO / "tests" / "fixtures" / "ckpt" / "expected_pairs.json"
 
 REQUIRED_GPUS = {
     "h100-sxm", "h100-pcie", "h200", "a100-40gb", "a100-80gb",
@@ -193,7 +193,7 @@ def test_demo_profile_is_spectools_embedded_pair() -> None:
 
 
 def test_recipes_agree_with_the_checker_fixture_verdicts() -> None:
-    """Every recipe whose pair is in the shared checker fixtures is a compatible pair there."""
+    """Every recipe whose pair is in the checker fixtures (tests/fixtures/ckpt) is a compatible pair there."""
     pairs = json.loads(EXPECTED_PAIRS.read_text(encoding="utf-8"))["pairs"]
     verdicts = {(p["target"], p["drafter"], p["method"]): p["verdict"] for p in pairs}
     matched = 0

@@ -14,9 +14,9 @@ import os
 import struct
 from pathlib import Path
 
-from spectool.ckpt.jsonfile import read_json_object
+from spectool.ckpt.jsonfile import DEPTH_SCAN_BYTES, nesting_exceeds, read_json_object
 from spectool.ckpt.tensors import DTYPE_BYTES, TensorInfo
-from spectool.constants import MAX_SAFETENSORS_HEADER_BYTES
+from spectool.constants import MAX_JSON_DEPTH, MAX_SAFETENSORS_HEADER_BYTES
 from spectool.errors import CheckpointError
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -26,10 +26,15 @@ def parse_header_json(
     raw: bytes, where: str | Path, data_size: int | None
 ) -> dict[str, TensorInfo]:
     """Validate a header's JSON bytes into tensors; ``data_size`` bounds the offsets if known."""
+    too_deep = CheckpointError(where, f"safetensors header nested deeper than {MAX_JSON_DEPTH}")
+    if len(raw) <= DEPTH_SCAN_BYTES and nesting_exceeds(raw, MAX_JSON_DEPTH):
+        raise too_deep
     try:
         header = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(where, f"safetensors header is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise too_deep from None
     if not isinstance(header, dict):
         raise CheckpointError(where, "safetensors header is not a JSON object")
     tensors: dict[str, TensorInfo] = {}

@@ -37,6 +37,27 @@ KIND_LABELS = {
     UNKNOWN: "unrecognised weights",
 }
 
+# Integer config fields the checks read: (smallest allowed, largest allowed). The largest is far
+# beyond any real model (x10 or more), so only broken or hostile configs hit it.
+_CONFIG_INTS: dict[str, tuple[int, int]] = {
+    **dict.fromkeys(("hidden_size", "d_model", "n_embd", "target_hidden_size"), (1, 1 << 20)),
+    **dict.fromkeys(("num_hidden_layers", "n_layer", "num_layers"), (1, 100_000)),
+    **dict.fromkeys(("vocab_size", "draft_vocab_size"), (1, 1 << 26)),
+    **dict.fromkeys(("num_attention_heads", "n_head", "num_key_value_heads"), (1, 1 << 16)),
+    "head_dim": (1, 1 << 16),
+    "kv_lora_rank": (1, 1 << 20),
+    **dict.fromkeys(("max_position_embeddings", "max_seq_len", "n_positions"), (1, 1 << 34)),
+    **dict.fromkeys(
+        ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers"), (0, 1000)
+    ),
+}
+# What each kind's config must give for the verdict: (field, its aliases).
+_REQUIRED = {
+    "hidden size": ("hidden_size", "d_model", "n_embd"),
+    "layer count": ("num_hidden_layers", "n_layer", "num_layers"),
+    "vocabulary size": ("vocab_size",),
+}
+
 _BIN_NAMES = ("pytorch_model.bin", "medusa_lm_head.pt", "model.pt", "pytorch_model.pt")
 _LAYER_RE = re.compile(r"^(?:model\.)?layers\.(\d+)\.")
 _MEDUSA_RE = re.compile(r"^(?:medusa_head\.)?(\d+)\.(\d+)\.(?:linear\.)?weight$")
@@ -163,6 +184,10 @@ class Checkpoint:
     @property
     def weight_bytes(self) -> int:
         return sum(t.nbytes for t in self.tensors.values())
+
+    @cached_property
+    def num_parameters(self) -> int:
+        return sum(t.numel for t in self.tensors.values())
 
     @property
     def base_model(self) -> str | None:
@@ -359,6 +384,43 @@ def inspect_folder(
         raise CheckpointError(
             folder, "no weights found (*.safetensors, pytorch_model.bin or medusa_lm_head.pt)"
         )
-    return Checkpoint(
+    ckpt = Checkpoint(
         ref=ref or str(folder), path=folder, config=config, tensors=tensors, revision=revision
     )
+    validate_config(ckpt, config_path)
+    return ckpt
+
+
+def validate_config(ckpt: Checkpoint, config_path: Path) -> None:
+    """Refuse a config whose numbers no model can have, or that lacks what the verdict needs.
+
+    Every integer field the checks read must be a whole number in a plausible range (NaN, 0,
+    negative, strings and absurd sizes are refused); a causal LM must give its hidden size, layer
+    count and vocabulary size, an EAGLE head its hidden size and vocabulary size (Medusa heads
+    are read from their tensors). Raises a one-line :class:`CheckpointError` naming the field.
+    """
+    fields = ckpt.text_config
+    for key, (low, high) in _CONFIG_INTS.items():
+        value = fields.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise CheckpointError(config_path, f"{key} is {value!r}, not a whole number")
+        if not low <= value <= high:
+            raise CheckpointError(
+                config_path, f"{key} is {value}, outside the possible range {low}..{high}"
+            )
+    if ckpt.kind == CAUSAL_LM:
+        required = ("hidden size", "layer count", "vocabulary size")
+    elif ckpt.kind in (EAGLE1, EAGLE3):
+        required = ("hidden size", "vocabulary size")
+    else:
+        return
+    for what in required:
+        keys = _REQUIRED[what]
+        if all(fields.get(k) is None for k in keys):
+            raise CheckpointError(
+                config_path,
+                f"no {' / '.join(keys)}: the {what} of this {KIND_LABELS[ckpt.kind]} is needed "
+                "for the check",
+            )

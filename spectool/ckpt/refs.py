@@ -46,6 +46,11 @@ def resolve_checkpoint(ref: str) -> Checkpoint:
     if hub.looks_like_repo_id(ref):
         folder, tensors, commit = hub.fetch_metadata(ref)
         return inspect_folder(folder, ref, tensors=tensors, revision=commit)
+    if "/" in ref.rstrip("/") or ref.startswith((".", "~")):  # a path, never sent to the Hub
+        parent = path.parent
+        shown = parent not in (Path("."), Path.cwd()) and parent.is_dir()
+        beside = f" ({parent} exists; is the name mistyped?)" if shown else ""
+        raise CheckpointError(ref, f"no such folder{beside}")
     raise CheckpointError(
         ref, "no such folder, and not a Hugging Face repo id (org/name) or profile"
     )

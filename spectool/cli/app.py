@@ -7,6 +7,7 @@ exposing ``register(app)``; heavy libraries are imported inside the command bodi
 
 from __future__ import annotations
 
+import json
 import sys
 
 import typer
@@ -60,23 +61,35 @@ def _register_commands() -> None:
 _register_commands()
 
 
+def _json_error(wanted: bool, kind: str, message: str, exit_code: int, where: str | None) -> None:
+    """With ``--json``, every failure is also one JSON object on stdout: ``{"error": {...}}``."""
+    if wanted:
+        error = {"type": kind, "message": message, "where": where, "exit_code": exit_code}
+        sys.stdout.write(json.dumps({"error": error}, indent=2) + "\n")
+        sys.stdout.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; map spectool's own errors to one stderr line and their exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in args[: args.index("--")] if "--" in args else "--json" in args
     try:
         # Non-standalone click returns a command's typer.Exit code instead of raising it.
-        code = app(args=argv, standalone_mode=False)
+        code = app(args=args, standalone_mode=False)
     except SpectoolError as exc:
         if DEBUG:
             raise
         print(f"spectool: error: {exc}", file=sys.stderr)  # noqa: T201
+        where = getattr(exc, "where", None)
+        problem = getattr(exc, "problem", str(exc))
+        _json_error(as_json, type(exc).__name__, problem, exc.exit_code, where)
         return exc.exit_code
     except typer.Exit as exc:
         return exc.exit_code
-    except typer.Abort:
-        print("spectool: aborted", file=sys.stderr)  # noqa: T201
-        return 130
-    except KeyboardInterrupt:
-        print("spectool: interrupted", file=sys.stderr)  # noqa: T201
+    except (typer.Abort, KeyboardInterrupt) as exc:
+        what = "aborted" if isinstance(exc, typer.Abort) else "interrupted"
+        print(f"spectool: {what}", file=sys.stderr)  # noqa: T201
+        _json_error(as_json, what, what, 130, None)
         return 130
     except Exception as exc:
         # Usage errors (click's ClickException: unknown option, bad value) arrive here in
@@ -85,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             getattr(exc, "exit_code", None), int
         ):
             exc.show()
+            _json_error(as_json, "UsageError", exc.format_message(), 2, None)
             return 2
         raise
     return code if isinstance(code, int) else 0

@@ -23,7 +23,7 @@ from spectool.cli.options import (
 )
 
 EngineOpt = Annotated[
-    str, typer.Option("--engine", help="trtllm|torch|none (none: judge the checkpoints alone).")
+    str, typer.Option("--engine", help="trtllm, torch or none (none: judge the checkpoints alone).")
 ]
 
 
@@ -79,26 +79,11 @@ def render_report(report) -> None:  # noqa: ANN001 - CheckReport, imported lazil
     from rich.table import Table
 
     from spectool.ckpt.inspect import KIND_LABELS
-    from spectool.cli.output import console, findings_table, gib
+    from spectool.cli.output import console, findings_table, gib, is_narrow
 
-    models = Table(title="Checkpoints", show_header=True)
-    for col in (
-        "role",
-        "ref",
-        "kind",
-        "architecture",
-        "hidden",
-        "layers",
-        "vocab",
-        "dtype",
-        "weights",
-    ):
-        models.add_column(col, overflow="fold")
-    for role, c in (("target", report.target), ("drafter", report.drafter)):
-        if c is None:
-            continue
-        models.add_row(
-            role,
+    fields = ("ref", "kind", "architecture", "hidden", "layers", "vocab", "dtype", "weights")
+    rows = {
+        role: (
             c.ref,
             KIND_LABELS[c.kind],
             str(c.architecture),
@@ -108,6 +93,25 @@ def render_report(report) -> None:  # noqa: ANN001 - CheckReport, imported lazil
             str(c.dtype),
             gib(c.weight_bytes),
         )
+        for role, c in (("target", report.target), ("drafter", report.drafter))
+        if c is not None
+    }
+    if is_narrow():  # one row per field, one column per checkpoint: no word is broken
+        models = Table(title="Checkpoints", show_header=True)
+        models.add_column("", no_wrap=True, style="bold")
+        for role in rows:
+            models.add_column(role, overflow="fold")
+        for i, name in enumerate(fields):
+            models.add_row(name, *(values[i] for values in rows.values()))
+    else:
+        models = Table(title="Checkpoints", show_header=True)
+        models.add_column("role", no_wrap=True)
+        models.add_column("ref", overflow="fold")
+        models.add_column("kind")
+        for name in fields[2:]:
+            models.add_column(name, no_wrap=True)
+        for role, values in rows.items():
+            models.add_row(role, *values)
     console.print(models)
     engine = report.engine
     if report.trtllm:

@@ -25,7 +25,8 @@ MethodOpt = Annotated[
     str,
     typer.Option(
         "--method",
-        help="auto|eagle3|eagle|draft_model|mtp|ngram|medusa (auto: from the drafter's weights).",
+        help="auto, eagle3, eagle, draft_model, mtp, ngram or medusa (auto: from the "
+        "drafter's weights).",
     ),
 ]
 MaxDraftLenOpt = Annotated[
@@ -39,7 +40,7 @@ TrtllmVersionOpt = Annotated[
     ),
 ]
 TrtllmBackendOpt = Annotated[
-    str, typer.Option("--trtllm-backend", help="pytorch|tensorrt (legacy engine backend).")
+    str, typer.Option("--trtllm-backend", help="pytorch or tensorrt (legacy engine backend).")
 ]
 GpuOpt = Annotated[
     str | None, typer.Option("--gpu", help="GPU name from profiles/gpus, or auto (detect).")

@@ -22,12 +22,33 @@ def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
 
 
-def findings_table(findings: list[Finding], title: str = "Findings") -> Table:
+# Below this many columns, tables of long text switch to a vertical layout: side by side, the
+# columns get so narrow that rich breaks words and codes in the middle.
+WIDE_COLUMNS = 120
+
+
+def is_narrow(width: int | None = None) -> bool:
+    return (console.width if width is None else width) < WIDE_COLUMNS
+
+
+def findings_table(
+    findings: list[Finding], title: str = "Findings", width: int | None = None
+) -> Table:
+    """Severity, code, message and fix side by side; in a narrow terminal one finding per
+    block (``severity CODE`` on one line, then the message and the fix at full width)."""
+    if is_narrow(width):
+        table = Table(title=title, show_header=False, show_lines=True, expand=True)
+        table.add_column("finding", ratio=1)
+        for f in findings:
+            sev = f.severity.value
+            hint = f"\n[dim]fix:[/] {f.hint}" if f.hint else ""
+            table.add_row(f"[{_STYLE[sev]}]{sev}[/] [bold]{f.code}[/]\n{f.message}{hint}")
+        return table
     table = Table(title=title, show_lines=False, expand=False)
-    table.add_column("severity")
+    table.add_column("severity", no_wrap=True)
     table.add_column("code", no_wrap=True)
-    table.add_column("message", overflow="fold")
-    table.add_column("fix", overflow="fold")
+    table.add_column("message", ratio=3)
+    table.add_column("fix", ratio=2)
     for f in findings:
         sev = f.severity.value
         table.add_row(f"[{_STYLE[sev]}]{sev}[/]", f.code, f.message, f.hint)

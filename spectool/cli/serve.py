@@ -87,7 +87,8 @@ ServeMethodOpt = Annotated[
     str,
     typer.Option(
         "--method",
-        help="torch engine: auto|draft_model|ngram|none (auto: draft_model with a drafter, else none).",
+        help="torch engine: auto, draft_model, ngram or none (auto: draft_model with a "
+        "drafter, else none).",
     ),
 ]
 HostOpt = Annotated[
@@ -108,7 +109,7 @@ ServedNameOpt = Annotated[
     ),
 ]
 LogLevelOpt = Annotated[
-    str, typer.Option("--log-level", help="Server log level: debug|info|warning|error.")
+    str, typer.Option("--log-level", help="Server log level: debug, info, warning or error.")
 ]
 
 
@@ -130,6 +131,7 @@ class TorchServeRequest:
     log_level: str
     max_concurrency: int | None = None
     draft_len_schedule: dict[int, int] | None = None
+    default_pair: bool = False  # no TARGET given: spectool's demo pair
 
 
 def _local_folder(ref: str, role: str) -> Path:
@@ -146,7 +148,27 @@ def _local_folder(ref: str, role: str) -> Path:
         )
     if not path.is_dir():
         raise CheckpointError(ref, "is a file; pass the checkpoint folder")
-    return path.resolve()
+    return _servable(path.resolve(), ref, role)
+
+
+def _servable(path: Path, ref: str, role: str) -> Path:
+    """``path`` when it holds a model the embedded engine can load: checked before any server
+    starts (config fields, weight headers, a causal LM), so a wrong folder is one line."""
+    from spectool.ckpt.inspect import CAUSAL_LM, KIND_LABELS, inspect_folder
+    from spectool.deploy.manifest import MANIFEST_NAME
+
+    if not (path / "config.json").is_file():
+        raise CheckpointError(
+            ref,
+            f"neither a build folder (no {MANIFEST_NAME}) nor a model folder (no config.json); "
+            "nothing to serve",
+        )
+    kind = inspect_folder(path, ref).kind
+    if kind != CAUSAL_LM:
+        raise CheckpointError(
+            ref, f"holds {KIND_LABELS[kind]}, not a {role} model the torch engine can serve"
+        )
+    return path
 
 
 def torch_serve_request(
@@ -174,6 +196,9 @@ def torch_serve_request(
             raise BadInputError("DRAFTER", "a drafter needs a TARGET")
         target = DEMO_TARGET
         drafter = DEMO_DRAFTER if method in ("auto", "draft_model") else None
+        default_pair = True
+    else:
+        default_pair = False
     if method == "auto":
         method = "draft_model" if drafter is not None else "none"
     if drafter is not None and method != "draft_model":
@@ -201,6 +226,7 @@ def torch_serve_request(
         log_level=log_level,
         max_concurrency=max_concurrency,
         draft_len_schedule=parse_draft_len_schedule(draft_len_schedule),
+        default_pair=default_pair,
     )
 
 
@@ -385,7 +411,7 @@ def _serve_build(
 
     from spectool.deploy.launch import prepare_serve
     from spectool.deploy.manifest import read_manifest
-    from spectool.deploy.supervise import ChildSpec, free_port, run_supervised
+    from spectool.deploy.supervise import ChildSpec, check_port_free, free_port, run_supervised
 
     if not 0 <= port <= 65535:
         raise BadInputError("--port", f"must be in 0..65535, got {port}")
@@ -397,6 +423,7 @@ def _serve_build(
         )
     if port == 0:
         port = free_port(host)
+    check_port_free(host, port)  # a busy port fails before any "serving" line
     plan = prepare_serve(
         build_dir,
         engine=engine,
@@ -438,7 +465,7 @@ def _serve_build(
 
 def _serve_torch(request: TorchServeRequest) -> None:
     from spectool.engine.engine import EngineConfig
-    from spectool.server.run import serve_checkpoint
+    from spectool.server.run import bind_socket, serve_checkpoint
 
     config = EngineConfig(  # validated here: a bad option fails before the server starts
         method=request.method,
@@ -452,9 +479,19 @@ def _serve_torch(request: TorchServeRequest) -> None:
     )
     drafting = f", {request.method} k={request.max_draft_len}" if request.method != "none" else ""
     drafter = f" + {request.drafter.name}" if request.drafter is not None else ""
+    if request.default_pair:
+        typer.echo(
+            "spectool: note: no TARGET given: serving spectool's demo pair "
+            f"({DEMO_TARGET} + {DEMO_DRAFTER}) on the embedded torch engine, the engine that "
+            "serves a model folder directly (TensorRT-LLM serves build folders: spectool build "
+            "TARGET [DRAFTER] --out DIR, then spectool serve DIR)",
+            err=True,
+        )
+    sock = bind_socket(request.host, request.port)  # a busy port fails before the line below
+    bound_host, bound_port = sock.getsockname()[:2]
     typer.echo(
         f"spectool: serving {request.model_name} ({request.target.name}{drafter}{drafting}) "
-        f"with the torch engine on {request.device}, address {request.host}:{request.port}",
+        f"with the torch engine on {request.device}, address {bound_host}:{bound_port}",
         err=True,
     )
     serve_checkpoint(
@@ -465,6 +502,7 @@ def _serve_torch(request: TorchServeRequest) -> None:
         host=request.host,
         port=request.port,
         log_level=request.log_level,
+        sock=sock,
     )
 
 

@@ -253,6 +253,7 @@ def create_app(
         else:
             prompt_ids = prompt
         max_tokens = body.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
+        _check_context(driver.max_seq_len, len(prompt_ids), body.max_tokens)
         stream = driver.submit(_generation_request(body, prompt_ids, max_tokens, driver.vocab_size))
         rid = completion_id()
         if body.stream:
@@ -285,6 +286,7 @@ def create_app(
             body.message_dicts(), add_generation_prompt=body.add_generation_prompt
         )
         limit = body.output_limit
+        _check_context(driver.max_seq_len, len(prompt_ids), limit)
         max_tokens = limit if limit is not None else max(driver.max_seq_len - len(prompt_ids), 1)
         stream = driver.submit(_generation_request(body, prompt_ids, max_tokens, driver.vocab_size))
         rid = chat_completion_id()
@@ -391,6 +393,19 @@ def _check_model(state: ServerState, model: str | None) -> None:
             f"The model `{model}` does not exist; this server serves `{state.model_name}`.",
             param="model",
             code="model_not_found",
+        )
+
+
+def _check_context(max_seq_len: int, prompt_len: int, max_tokens: int | None) -> None:
+    """A requested output that cannot fit the context is refused (400, as vLLM does), not cut."""
+    if max_tokens is not None and prompt_len + max_tokens > max_seq_len:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {max_seq_len} tokens. However, you "
+            f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the prompt, "
+            f"{max_tokens} in the completion). Please reduce the length of the prompt or "
+            "completion.",
+            param="max_tokens",
         )
 
 

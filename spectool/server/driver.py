@@ -287,6 +287,20 @@ class AsyncEngine:
             if stream is not None:
                 stream._put(event)
 
+    def abort_all(self, message: str, after_s: float = 0.0) -> None:
+        """In ``after_s`` seconds, end every request still unfinished with
+        :class:`EngineDeadError` (``message``): its client gets an OpenAI error object. Safe to
+        call from any thread and from a signal handler."""
+        if self._loop is None:
+            return
+        error = EngineDeadError(message)
+
+        def schedule(_: object) -> None:
+            assert self._loop is not None
+            self._loop.call_later(after_s, self._fail_all, error)
+
+        self._call_soon(schedule, None)
+
     def _fail_all(self, error: BaseException) -> None:
         for stream in list(self._streams.values()):
             stream._put(error)

@@ -20,6 +20,7 @@ import logging
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -46,6 +47,9 @@ logger = logging.getLogger("spectool.server")
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 GRACEFUL_SHUTDOWN_S = 5
+# After a stop signal, requests in flight have this long to finish; the rest then end with an
+# OpenAI error object (503, "server shutting down") well before uvicorn would cancel them.
+DRAIN_S = 2.0
 LISTEN_BACKLOG = 2048
 
 
@@ -64,14 +68,28 @@ def bind_socket(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> socket.so
     return sock
 
 
+class HealthPollFilter(logging.Filter):
+    """Drops uvicorn's access-log lines for ``GET /health``: supervisors and load balancers
+    poll it every few seconds, which would bury the requests that matter."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        return not (isinstance(args, tuple) and len(args) >= 3 and args[2] == "/health")
+
+
 def _log_config(log_level: str) -> dict[str, Any]:
-    """uvicorn's logging set-up plus the ``spectool`` logger (model loading, engine failures)."""
+    """uvicorn's logging set-up plus the ``spectool`` logger (model loading, engine failures).
+
+    Health polls are left out of the access log unless ``log_level`` is ``debug``."""
     config = copy.deepcopy(LOGGING_CONFIG)
     config["loggers"]["spectool"] = {
         "handlers": ["default"],
         "level": log_level.upper(),
         "propagate": False,
     }
+    if log_level.lower() != "debug":
+        config.setdefault("filters", {})["health_polls"] = {"()": HealthPollFilter}
+        config["handlers"]["access"]["filters"] = ["health_polls"]
     return config
 
 
@@ -79,10 +97,13 @@ class _Server(uvicorn.Server):
     """uvicorn's server, remembering the first stop signal instead of re-raising it later."""
 
     stop_signal: int | None = None
+    on_first_stop: Callable[[], None] | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.stop_signal is None:
             self.stop_signal = sig
+            if self.on_first_stop is not None:
+                self.on_first_stop()
         if self.should_exit and sig == signal.SIGINT:
             self.force_exit = True  # a second Ctrl-C: do not wait for requests in flight
         else:
@@ -108,7 +129,12 @@ def make_server(
     def stop(_: BaseException) -> None:
         server.should_exit = True
 
+    def end_in_flight() -> None:
+        if state.driver is not None:
+            state.driver.abort_all("server shutting down", after_s=DRAIN_S)
+
     state.on_load_error.append(stop)
+    server.on_first_stop = end_in_flight
     return server
 
 
@@ -140,9 +166,14 @@ def serve(
     port: int = DEFAULT_PORT,
     log_level: str = "info",
     access_log: bool = True,
+    sock: socket.socket | None = None,
 ) -> None:
-    """Serve ``app`` until SIGINT/SIGTERM; blocks. Re-raises a model load failure."""
-    sock = bind_socket(host, port)
+    """Serve ``app`` until SIGINT/SIGTERM; blocks. Re-raises a model load failure.
+
+    ``sock``: a socket already bound with :func:`bind_socket` (then ``host``/``port`` are unused),
+    so a caller can report a busy port before it prints anything about serving."""
+    if sock is None:
+        sock = bind_socket(host, port)
     server = make_server(app, log_level=log_level, access_log=access_log)
     bound_host, bound_port = sock.getsockname()[:2]
     shown_host = f"[{bound_host}]" if ":" in bound_host else bound_host
@@ -169,7 +200,9 @@ def serve_checkpoint(
     host: str = DEFAULT_HOST,
     port: int = DEFAULT_PORT,
     log_level: str = "info",
+    sock: socket.socket | None = None,
 ) -> None:
-    """Serve ``target`` (and ``drafter``) with the embedded engine on ``host:port``; blocks."""
+    """Serve ``target`` (and ``drafter``) with the embedded engine on ``host:port`` (or on the
+    bound ``sock``); blocks."""
     app = create_app(lambda: Engine(target, drafter, config), model_name=model_name)
-    serve(app, host=host, port=port, log_level=log_level)
+    serve(app, host=host, port=port, log_level=log_level, sock=sock)

@@ -80,7 +80,7 @@ def support_findings(
     if reason is not None:
         alternatives = [b for b in info.backends if info.method(method, b) is not None]
         hint = (
-            f"use --backend {alternatives[0]}"
+            f"use --trtllm-backend {alternatives[0]}"
             if alternatives
             else f"choose another method; {method} is not available in {rel}"
         )
@@ -103,7 +103,7 @@ def support_findings(
                     UNSUPPORTED,
                     f"drafter is an EAGLE-1/2 checkpoint; {rel}'s PyTorch backend loads only "
                     "EAGLE-3 drafters (fc over 3 captured layers, draft_vocab_size)",
-                    "use an EAGLE-3 drafter, or --backend tensorrt on TensorRT-LLM ≤1.2",
+                    "use an EAGLE-3 drafter, or --trtllm-backend tensorrt on TensorRT-LLM ≤1.2",
                 )
             )
     if method == "eagle" and backend == "tensorrt" and drafter_kind == "eagle3":
@@ -111,7 +111,7 @@ def support_findings(
             error(
                 UNSUPPORTED,
                 f"drafter is an EAGLE-3 checkpoint; {rel}'s TensorRT backend runs EAGLE-1/2 only",
-                "use --method eagle3 --backend pytorch",
+                "use --method eagle3 --trtllm-backend pytorch",
             )
         )
     if method == "eagle3" and drafter_kind == "eagle1":
@@ -119,7 +119,7 @@ def support_findings(
             error(
                 UNSUPPORTED,
                 f"drafter is an EAGLE-1/2 checkpoint; {rel} runs EAGLE-3 drafters for eagle3",
-                "use an EAGLE-3 drafter, or --method eagle --backend tensorrt (≤1.2)",
+                "use an EAGLE-3 drafter, or --method eagle --trtllm-backend tensorrt (≤1.2)",
             )
         )
     if method == "mtp" and drafter_kind not in (None, "mtp") and release != "main":

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from ckpt_factory import TOKENIZERS, write_tokenizer
+from ckpt_factory import tokenizers_dir, write_tokenizer
 from tokenizers import Tokenizer
 
 from spectool.ckpt.tokenizer import compare_vocabularies, load_tokenizer_facts
@@ -15,8 +15,8 @@ from spectool.errors import CheckpointError
 
 @pytest.mark.parametrize("family", ["llama3", "qwen3"])
 def test_vocab_equals_library(family: str) -> None:
-    facts = load_tokenizer_facts(TOKENIZERS / family)
-    lib = Tokenizer.from_file(str(TOKENIZERS / family / "tokenizer.json"))
+    facts = load_tokenizer_facts(tokenizers_dir() / family)
+    lib = Tokenizer.from_file(str(tokenizers_dir() / family / "tokenizer.json"))
     assert facts is not None
     assert facts.vocab == lib.get_vocab(with_added_tokens=True)
     specials = {t.content: i for i, t in lib.get_added_tokens_decoder().items() if t.special}
@@ -24,8 +24,8 @@ def test_vocab_equals_library(family: str) -> None:
 
 
 def test_relations(tmp_path: Path) -> None:
-    qwen3 = load_tokenizer_facts(TOKENIZERS / "qwen3")
-    llama3 = load_tokenizer_facts(TOKENIZERS / "llama3")
+    qwen3 = load_tokenizer_facts(tokenizers_dir() / "qwen3")
+    llama3 = load_tokenizer_facts(tokenizers_dir() / "llama3")
     q25 = tmp_path / "q25"
     q25.mkdir()
     write_tokenizer(q25, "qwen3", 151665)

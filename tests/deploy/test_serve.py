@@ -157,6 +157,7 @@ def test_busy_port_is_a_clear_error(torch_build: Path, capsys: pytest.CaptureFix
     err = capsys.readouterr().err
     assert f"127.0.0.1:{port}" in err and "another server holds the port" in err
     assert err.count("spectool: error:") == 1
+    assert "serving" not in err  # the bind error comes before any "serving" line
 
 
 def test_cost_gate_picks_the_config_and_says_why(

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from ckpt_factory import tokenizers_dir
 from tokenizers import Tokenizer as HFTokenizer
 
 from spectool.engine.tokenizer import Tokenizer
@@ -14,14 +15,11 @@ from spectool.errors import BadInputError, CheckpointError
 
 from .helpers import BOS_ID, EOS_ID
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-TOKENIZERS = (REPO_ROOT / ".." / "shared" / "fixtures" / "tokenizers").resolve()
-
 
 def _real(tmp_path_factory: pytest.TempPathFactory, name: str) -> Tokenizer:
     folder = tmp_path_factory.mktemp(name)
     for file in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(TOKENIZERS / name / file, folder / file)
+        shutil.copy(tokenizers_dir() / name / file, folder / file)
     return Tokenizer.from_dir(folder)
 
 

@@ -57,7 +57,43 @@ def test_busy_port_is_bad_input(target_dir: Path, capsys: pytest.CaptureFixture[
         blocker.listen()
         port = blocker.getsockname()[1]
         assert main(["serve", str(target_dir), "--port", str(port), "--device", "cpu"]) == 2
-    assert f"127.0.0.1:{port}" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"127.0.0.1:{port}" in err
+    assert "serving" not in err and err.count("\n") == 1  # no "serving" line before the error
+
+
+def test_no_arguments_say_which_engine_and_model_and_why() -> None:
+    with socket.socket() as blocker:  # a busy port: the command stops right after choosing
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        port = blocker.getsockname()[1]
+        out = subprocess.run(
+            [sys.executable, "-m", "spectool.cli.app", "serve", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert out.returncode == 2
+    note, error = out.stderr.splitlines()
+    assert "no TARGET given" in note and "spectool:demo-target + spectool:demo-drafter" in note
+    assert "embedded torch engine" in note and "TensorRT-LLM serves build folders" in note
+    assert error.startswith("spectool: error:") and str(port) in error
+
+
+def test_a_folder_that_is_neither_build_nor_model_is_refused_before_serving(
+    tmp_path: Path, make_ckpt, capsys: pytest.CaptureFixture[str]
+) -> None:
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "readme.txt").write_text("not a model")
+    assert main(["serve", str(notes), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "neither a build folder" in err and "serving" not in err
+    head = make_ckpt("yuhuili/EAGLE3-LLaMA3.1-Instruct-8B")
+    assert main(["serve", str(head), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "EAGLE-3 head" in err
 
 
 def test_request_resolution(target_dir: Path, drafter_dir: Path) -> None:
@@ -125,3 +161,71 @@ def test_a_model_that_fails_to_load_stops_the_server_with_its_error(
     argv = ["serve", str(empty), "--port", "0", "--device", "cpu", "--log-level", "error"]
     assert main(argv) == 2  # the CheckpointError raised on the loader thread, re-raised
     assert "config.json" in capsys.readouterr().err
+
+
+def test_context_health_log_and_a_stop_with_requests_in_flight(target_dir: Path) -> None:
+    """One real server process: max_tokens beyond the context is a 400 with the numbers; health
+    polls leave no access-log lines; Ctrl-C with requests in flight gives each client an OpenAI
+    error object and prints no traceback."""
+    import json
+    import threading
+
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = [sys.executable, "-m", "spectool.cli.app", "serve", str(target_dir), "--port", str(port)]
+    argv += ["--device", "cpu", "--max-seq-len", "4096", "--served-model-name", "tiny"]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    long = {"model": "tiny", "prompt": "hello", "max_tokens": 4000, "ignore_eos": True}
+    try:
+        end = time.monotonic() + START_DEADLINE_S
+        status = None
+        while time.monotonic() < end and status != 200:
+            assert process.poll() is None, process.communicate()[1]
+            try:
+                status = httpx.get(f"{url}/health", timeout=2.0).status_code
+            except httpx.TransportError:
+                status = None
+            time.sleep(0.05)
+        assert status == 200
+        for path, body in [
+            ("/v1/completions", {"model": "tiny", "prompt": "hello", "max_tokens": 5000}),
+            (
+                "/v1/chat/completions",
+                {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000},
+            ),
+        ]:
+            response = httpx.post(f"{url}{path}", json=body, timeout=30.0)
+            assert response.status_code == 400, response.text
+            error = response.json()["error"]
+            assert "maximum context length is 4096 tokens" in error["message"]
+            assert "5000 in the completion" in error["message"] and error["param"] == "max_tokens"
+        ok = httpx.post(f"{url}/v1/completions", json={**long, "max_tokens": 2}, timeout=30.0)
+        assert ok.status_code == 200
+
+        plain: list[httpx.Response] = []
+        waiter = threading.Thread(
+            target=lambda: plain.append(httpx.post(f"{url}/v1/completions", json=long, timeout=60))
+        )
+        waiter.start()
+        with httpx.stream(
+            "POST", f"{url}/v1/completions", json={**long, "stream": True}, timeout=60
+        ) as streamed:
+            lines = streamed.iter_lines()
+            first = next(line for line in lines if line.startswith("data: "))
+            assert "choices" in first
+            process.send_signal(signal.SIGINT)
+            events = [line[6:] for line in lines if line.startswith("data: ")]
+        waiter.join(60)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert (
+        events[-1] == "[DONE]"
+        and "server shutting down" in json.loads(events[-2])["error"]["message"]
+    )
+    assert plain[0].status_code == 503
+    assert plain[0].json()["error"]["message"].endswith("server shutting down")
+    assert process.returncode == 130 and "Traceback" not in err and "CancelledError" not in err
+    assert "POST /v1/completions" in out and "/health" not in out  # polled many times above

@@ -498,19 +498,34 @@ def test_harmless_openai_fields_are_accepted(client: TestClient) -> None:
         {"seed": 2**63 - 1},
         {"seed": -(2**63)},
         {"stop_token_ids": [-5, 10**12]},
-        {"max_tokens": 10**12},
     ],
 )
 def test_extreme_but_valid_values_do_not_break_the_engine(
     client: TestClient, extreme: dict[str, Any]
 ) -> None:
     body = {"prompt": "hello", "max_tokens": 4, **extreme}
-    if "max_tokens" in extreme:
-        body["prompt"] = [5] * (MAX_SEQ_LEN - 8)  # the context limit ends it, not max_tokens
     response = client.post("/v1/completions", json=body)
     assert response.status_code == 200, response.text
     assert response.json()["usage"]["completion_tokens"] >= 1
     assert client.get("/health").status_code == 200  # the engine thread survived
+
+
+def test_max_tokens_beyond_the_context_is_refused_with_the_numbers(client: TestClient) -> None:
+    """As vLLM does: 400 naming the context, the prompt and the completion, not a silent cut."""
+    prompt = [5] * (MAX_SEQ_LEN - 8)
+    for max_tokens in (9, 10**12):
+        response = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": max_tokens})
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert error["param"] == "max_tokens" and error["type"] == "invalid_request_error"
+        assert f"maximum context length is {MAX_SEQ_LEN} tokens" in error["message"]
+        assert (
+            f"({MAX_SEQ_LEN - 8} in the prompt, {max_tokens} in the completion)"
+            in (error["message"])
+        )
+    fits = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 8})
+    assert fits.status_code == 200 and fits.json()["usage"]["completion_tokens"] >= 1
+    assert client.get("/health").status_code == 200
 
 
 def test_out_of_range_seed_is_refused(client: TestClient) -> None:

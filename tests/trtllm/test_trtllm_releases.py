@@ -20,7 +20,7 @@ from spectool.trtllm.releases import (
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "extract_trtllm_schema.py"
-RESEARCH = REPO.parent / "shared" / "research" / "trtllm-schema"
+RESEARCH = REPO / "tests" / "fixtures" / "trtllm-schema"
 
 
 def _script():

@@ -36,7 +36,7 @@ def test_medusa_on_pytorch_is_an_error(release):
     assert _codes(findings) == [ERR]
     assert "Medusa" in findings[0].message
     if release != "main":
-        assert findings[0].hint == "use --backend tensorrt"
+        assert findings[0].hint == "use --trtllm-backend tensorrt"
 
 
 def test_eagle_on_pytorch_1_2_warns_alias():
@@ -104,7 +104,7 @@ def test_deepseek_v4_mtp_needs_blackwell():
 def test_pytorch_only_methods_refuse_tensorrt(method):
     findings = _run(method, "tensorrt", "1.2")
     assert _codes(findings) == [ERR]
-    assert findings[0].hint == "use --backend pytorch"
+    assert findings[0].hint == "use --trtllm-backend pytorch"
 
 
 def test_eagle3_drafter_kind_mismatches():
