@@ -361,11 +361,17 @@ def _render(outcome: TuneOutcome) -> None:
             )
     console.print(table)
     be = result.break_even_concurrency
+    top = max(result.concurrencies)
     console.print(
-        f"break-even concurrency: {be if be is not None else 'none (pays at every level measured)'}"
+        f"break-even concurrency: {be}"
+        if be is not None
+        else f"break-even concurrency: none up to {top} (the server's batch limit is "
+        f"{outcome.resolved.max_batch_size}): speculation pays at every concurrency measured"
     )
+    console.print(f"decision: {schedule_in_words(result.choices)}")
     console.print(
-        f"draft_len_schedule: {dict(sorted(result.schedule.items())) or 'none (speculation off)'}"
+        "draft_len_schedule (batch size -> draft length): "
+        f"{dict(sorted(result.schedule.items())) or 'none (speculation off)'}"
     )
     console.print(
         f"runs: {result.runs_used} cells of the {result.full_grid_runs}-cell grid "
@@ -379,3 +385,23 @@ def _render(outcome: TuneOutcome) -> None:
 
 def register(app: typer.Typer) -> None:
     app.command("tune")(tune)
+
+
+def schedule_in_words(choices: dict[int, int]) -> str:
+    """The per-concurrency choices as a person would say them: runs of equal draft lengths,
+    e.g. ``k=4 at concurrency 1-8; speculation off at 16 and above``."""
+    concs = sorted(choices)
+    parts: list[str] = []
+    start = 0
+    for i in range(1, len(concs) + 1):
+        if i < len(concs) and choices[concs[i]] == choices[concs[start]]:
+            continue
+        k, low, high = choices[concs[start]], concs[start], concs[i - 1]
+        last = i == len(concs)
+        if last and start > 0:
+            where = f"{low} and above"
+        else:
+            where = f"{low}" if low == high else f"{low}-{high}"
+        parts.append(f"speculation off at {where}" if k == 0 else f"k={k} at concurrency {where}")
+        start = i
+    return "; ".join(parts)

@@ -2,10 +2,10 @@
 
 Defaults per engine (:data:`ENGINE_DEFAULTS`), chosen so that each run is honest and finishes:
 
-* ``torch`` (spectool's embedded engine; CPU unless a GPU is there): concurrencies 1,2,4,8,
-  16 measured requests of 32 output tokens per trial. The demo pair tunes in about two minutes
-  on 2 CPU cores: every cell still has hundreds of decode steps and 16+ requests, enough for
-  bootstrap intervals that can exclude 1.
+* ``torch`` (spectool's embedded engine; CPU unless a GPU is there): concurrencies 1,2,4,8,16
+  (the server's batch limit is the largest, so the run covers every batch the tuned server can
+  run), 16 requests of 32 output tokens per baseline trial, paired blocks of two waves. The
+  demo pair tunes in about two minutes on 2 CPU cores.
 * ``trtllm``: concurrencies 1,2,4,8,16,32, 64 requests of 256 tokens: a GPU serves these in
   seconds per cell; server starts (minutes each) dominate.
 
@@ -25,7 +25,6 @@ from spectool.check import CheckReport, CheckRequest, run_check
 from spectool.errors import BadInputError, IncompatibleError
 
 ENGINES = ("auto", "torch", "trtllm")
-TORCH_DEFAULT_MAX_BATCH_SIZE = 32  # spectool serve's default: the server measured is the one served
 TORCH_DEFAULT_MAX_SEQ_LEN = 1024
 MAX_CONCURRENCY = 4096
 
@@ -41,7 +40,7 @@ class EngineDefaults:
 
 
 ENGINE_DEFAULTS: dict[str, EngineDefaults] = {
-    "torch": EngineDefaults((1, 2, 4, 8), num_prompts=16, max_tokens=32, ready_timeout_s=600.0),
+    "torch": EngineDefaults((1, 2, 4, 8, 16), num_prompts=16, max_tokens=32, ready_timeout_s=600.0),
     "trtllm": EngineDefaults(
         (1, 2, 4, 8, 16, 32), num_prompts=64, max_tokens=256, ready_timeout_s=1800.0
     ),
@@ -224,7 +223,8 @@ def resolve(req: TuneRequest) -> ResolvedTune:
             drafter_dir = _local_dir(report.drafter.ref, report.drafter.path, "drafter")
             limit = report.drafter.max_position_embeddings
             model_limit = min(model_limit, limit) if limit else model_limit
-        max_batch_size = req.max_batch_size or max(TORCH_DEFAULT_MAX_BATCH_SIZE, *concurrencies)
+        # the tuned server batches up to the largest concurrency measured (written to the build)
+        max_batch_size = req.max_batch_size or max(concurrencies)
         max_seq_len = min(req.max_seq_len or TORCH_DEFAULT_MAX_SEQ_LEN, model_limit)
     else:
         max_batch_size = req.max_batch_size or max(concurrencies)

@@ -508,3 +508,17 @@ def test_first_token_goes_out_after_prefill_before_the_decode_step(
     assert [e.request_id for e in events] == [first] and len(events[0].token_ids) >= 1
     stats = engine.drain_stats()
     assert [(s.num_new_active_requests, s.num_decoded_requests) for s in stats] == [(1, 0), (1, 1)]
+
+
+def test_prefill_groups_bound_the_padding() -> None:
+    from spectool.engine.engine import PREFILL_PADDING_SLACK, prefill_groups
+
+    lengths = [100, 850, 120, 95, 800, 110, 12, 14, 13]
+    groups = prefill_groups(lengths)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for group in groups:
+        sizes = [lengths[i] for i in group]
+        assert len(group) * max(sizes) <= PREFILL_PADDING_SLACK * sum(sizes)
+    assert [6, 8, 7] in groups  # the short ones share a forward
+    assert not any({1, 0} <= set(g) for g in groups)  # 850 never pads 100 up
+    assert prefill_groups([]) == [] and prefill_groups([5]) == [[0]]

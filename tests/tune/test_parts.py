@@ -66,10 +66,10 @@ def test_torch_defaults_and_limits(tune_models: tuple[Path, Path], tmp_path: Pat
     target, drafter = tune_models
     resolved = resolve(TuneRequest(target=str(target), drafter=str(drafter), engine="torch"))
     defaults = ENGINE_DEFAULTS["torch"]
-    assert resolved.concurrencies == defaults.concurrencies == (1, 2, 4, 8)
+    assert resolved.concurrencies == defaults.concurrencies == (1, 2, 4, 8, 16)
     assert (resolved.num_prompts, resolved.max_tokens) == (16, 32)
     assert resolved.method == "draft_model"
-    assert resolved.max_batch_size == 32  # spectool serve's default, >= every concurrency
+    assert resolved.max_batch_size == 16  # the largest concurrency: every batch it can run
     assert resolved.max_seq_len == 1024
     assert resolved.target_dir == target.resolve()
     with pytest.raises(BadInputError, match="--max-batch-size"):
@@ -207,3 +207,14 @@ def test_after_config_is_the_baselines_first_trial_relabelled() -> None:
     assert again.label.endswith(f"#after setup={plan.fingerprint}") and "k=0" in again.label
     assert (again.concurrency, again.num_prompts, again.max_tokens) == (2, 4, 8)
     assert again.key() != first.key()
+
+
+def test_schedule_in_words() -> None:
+    from spectool.cli.tune import schedule_in_words
+
+    assert schedule_in_words({1: 4, 2: 4, 4: 4, 8: 4, 16: 4}) == "k=4 at concurrency 1-16"
+    assert (
+        schedule_in_words({1: 4, 2: 4, 4: 2, 8: 0, 16: 0})
+        == "k=4 at concurrency 1-2; k=2 at concurrency 4; speculation off at 8 and above"
+    )
+    assert schedule_in_words({1: 0, 2: 0}) == "speculation off at 1-2"
