@@ -146,12 +146,15 @@ class TokenEvent:
 
     ``finish_reason``: ``"stop"`` (an end-of-sequence or stop id, included in ``token_ids``),
     ``"length"`` (``max_tokens`` or ``max_seq_len`` reached) or ``"abort"``; None while running.
+    ``spec``: on a speculating engine's last event of a request, its speculation in vLLM's
+    per-request ``speculative_decoding`` shape (what AIPerf reads; :meth:`_Request.spec_stats`).
     """
 
     request_id: int
     token_ids: tuple[int, ...]
     finished: bool
     finish_reason: str | None
+    spec: dict[str, object] | None = None
 
 
 @dataclass(frozen=True)
@@ -257,6 +260,28 @@ class _Request:
     prompt_len: int
     slot: int = -1
     drafter_slot: bool = False  # the drafter's cache holds this request (speculation was on)
+    accepted_per_step: list[int] = field(default_factory=list)  # steps that drafted
+    drafted: int = 0
+
+    def spec_stats(self, max_draft_len: int) -> dict[str, object]:
+        """This request's speculation as vLLM reports it per request (``metrics.
+        speculative_decoding``, vllm-project/vllm#48915, read by AIPerf 0.13): steps that
+        drafted, drafts proposed and accepted, and a histogram of accepted drafts per step
+        (index j: steps that accepted exactly j, ``max_draft_len + 1`` buckets)."""
+        steps = len(self.accepted_per_step)
+        accepted = sum(self.accepted_per_step)
+        histogram = [0] * (max_draft_len + 1)
+        for j in self.accepted_per_step:
+            histogram[j] += 1
+        return {
+            "num_spec_steps": steps,
+            "num_draft_tokens": self.drafted,
+            "num_accepted_draft_tokens": accepted,
+            "num_spec_tokens": max_draft_len,
+            "acceptance_histogram": histogram,
+            "mean_acceptance_length": 1.0 + accepted / steps if steps else 1.0,
+            "draft_acceptance_rate": accepted / self.drafted if self.drafted else 0.0,
+        }
 
     @property
     def num_output(self) -> int:
@@ -565,17 +590,21 @@ class Engine:
         events: list[TokenEvent] = []
         for request_id in [i for i in emits if i in request_ids]:
             emit = emits.pop(request_id)
+            spec = None
             if emit.finish_reason is not None:
                 with self._lock:
                     request = self._running.pop(request_id, None)
                 if request is not None:
                     self._release(request)
+                    if self.max_draft_len > 0:
+                        spec = request.spec_stats(self.max_draft_len)
             events.append(
                 TokenEvent(
                     request_id=request_id,
                     token_ids=tuple(emit.tokens),
                     finished=emit.finish_reason is not None,
                     finish_reason=emit.finish_reason,
+                    spec=spec,
                 )
             )
         return events
@@ -748,6 +777,8 @@ class Engine:
             num_before = len(request.tokens)
             k = len(drafts[b])
             if k:
+                request.accepted_per_step.append(verdict.num_accepted)
+                request.drafted += k
                 counts.num_requests_with_draft_tokens += 1
                 counts.num_draft_tokens += k
                 counts.num_accepted_tokens += verdict.num_accepted

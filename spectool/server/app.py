@@ -274,6 +274,7 @@ def create_app(
                     )
                 ],
                 usage=Usage.of(stream.prompt_len, result.num_output_tokens),
+                metrics=_spec_metrics(stream),
                 prompt_token_ids=list(prompt_ids) if body.return_token_ids else None,
             ).model_dump()
         )
@@ -308,6 +309,7 @@ def create_app(
                     )
                 ],
                 usage=Usage.of(stream.prompt_len, result.num_output_tokens),
+                metrics=_spec_metrics(stream),
                 prompt_token_ids=list(prompt_ids) if body.return_token_ids else None,
             ).model_dump()
         )
@@ -503,6 +505,13 @@ def _stream_error(exc: Exception) -> str:
     return _sse(ErrorResponse(error=error))
 
 
+def _spec_metrics(stream: RequestStream) -> dict[str, Any] | None:
+    """vLLM's per-request ``metrics`` object when the engine speculated (else omitted)."""
+    if stream.spec_stats is None:
+        return None
+    return {"speculative_decoding": stream.spec_stats}
+
+
 async def _completion_events(
     stream: RequestStream, rid: str, model: str, body: CompletionRequest
 ) -> AsyncIterator[str]:
@@ -534,7 +543,14 @@ async def _completion_events(
         if body.include_usage:
             usage = Usage.of(stream.prompt_len, len(stream.token_ids))
             yield _sse(
-                CompletionResponse(id=rid, created=created, model=model, choices=[], usage=usage)
+                CompletionResponse(
+                    id=rid,
+                    created=created,
+                    model=model,
+                    choices=[],
+                    usage=usage,
+                    metrics=_spec_metrics(stream),
+                )
             )
         yield SSE_DONE
     finally:
@@ -573,7 +589,14 @@ async def _chat_events(
         if body.include_usage:
             usage = Usage.of(stream.prompt_len, len(stream.token_ids))
             yield _sse(
-                ChatCompletionChunk(id=rid, created=created, model=model, choices=[], usage=usage)
+                ChatCompletionChunk(
+                    id=rid,
+                    created=created,
+                    model=model,
+                    choices=[],
+                    usage=usage,
+                    metrics=_spec_metrics(stream),
+                )
             )
         yield SSE_DONE
     finally:

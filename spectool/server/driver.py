@@ -96,6 +96,7 @@ class RequestStream:
         self._emitted = 0
         self.finish_reason: str | None = None
         self._engine_done = False  # the engine sent this request's last event
+        self.spec_stats: dict[str, object] | None = None  # the request's speculation, at the end
         self._closed = False
 
     # -- called by the driver on the event loop ------------------------------------------------
@@ -137,6 +138,8 @@ class RequestStream:
         """Detokenize an event's tokens, look for stop strings, and build the next delta."""
         start = len(self.token_ids)
         self._engine_done = event.finished
+        if event.spec is not None:
+            self.spec_stats = event.spec
         stop_at: int | None = None
         if self._stops:
             for token in event.token_ids:

@@ -335,9 +335,13 @@ class CompletionChoice(_Response):
 
 
 class CompletionResponse(_Response):
-    """A non-streamed completion, or (``object`` = ``text_completion``) one streamed chunk."""
+    """A non-streamed completion, or (``object`` = ``text_completion``) one streamed chunk.
 
-    _omit_if_none = frozenset({"usage", "prompt_token_ids"})
+    ``metrics``: vLLM's per-request extension, ``{"speculative_decoding": {...}}`` on the body
+    or the final usage chunk of a speculating server (AIPerf reads it for acceptance).
+    """
+
+    _omit_if_none = frozenset({"usage", "prompt_token_ids", "metrics"})
 
     id: str
     object: Literal["text_completion"] = "text_completion"
@@ -346,6 +350,7 @@ class CompletionResponse(_Response):
     choices: list[CompletionChoice]
     usage: Usage | None = None
     prompt_token_ids: list[int] | None = None
+    metrics: dict[str, Any] | None = None
 
 
 class AssistantMessage(_Response):
@@ -364,7 +369,7 @@ class ChatChoice(_Response):
 
 
 class ChatCompletionResponse(_Response):
-    _omit_if_none = frozenset({"prompt_token_ids"})
+    _omit_if_none = frozenset({"prompt_token_ids", "metrics"})
 
     id: str
     object: Literal["chat.completion"] = "chat.completion"
@@ -373,6 +378,7 @@ class ChatCompletionResponse(_Response):
     choices: list[ChatChoice]
     usage: Usage
     prompt_token_ids: list[int] | None = None
+    metrics: dict[str, Any] | None = None
 
 
 class ChatDelta(_Response):
@@ -393,7 +399,7 @@ class ChatChunkChoice(_Response):
 
 
 class ChatCompletionChunk(_Response):
-    _omit_if_none = frozenset({"usage", "prompt_token_ids"})
+    _omit_if_none = frozenset({"usage", "prompt_token_ids", "metrics"})
 
     id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
@@ -402,6 +408,7 @@ class ChatCompletionChunk(_Response):
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
     prompt_token_ids: list[int] | None = None
+    metrics: dict[str, Any] | None = None
 
 
 class ModelCard(_Response):

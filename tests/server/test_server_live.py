@@ -319,3 +319,35 @@ def test_prometheus_totals_at_trtllm_serves_path_are_never_drained(live: LiveSer
     drafted = delta["trtllm_spec_decode_num_draft_tokens_total"]
     assert 0 <= delta["trtllm_spec_decode_num_accepted_tokens_total"] <= drafted
     assert delta["trtllm_iterations_total"] >= 2  # a prefill, then decode steps
+
+
+def _check_spec_payload(spec: dict[str, Any], completion_tokens: int, max_draft_len: int) -> None:
+    """vLLM's per-request shape (what AIPerf 0.13 validates): the histogram has k + 1 buckets,
+    its counts are the steps and its j-weighted sum the accepted drafts."""
+    histogram = spec["acceptance_histogram"]
+    assert spec["num_spec_tokens"] == max_draft_len and len(histogram) == max_draft_len + 1
+    assert sum(histogram) == spec["num_spec_steps"] >= 1
+    assert sum(j * n for j, n in enumerate(histogram)) == spec["num_accepted_draft_tokens"]
+    assert spec["num_accepted_draft_tokens"] <= spec["num_draft_tokens"]
+    assert spec["mean_acceptance_length"] == pytest.approx(
+        1 + spec["num_accepted_draft_tokens"] / spec["num_spec_steps"]
+    )
+    # each step confirms its accepted drafts plus one; the prefill gave the first token
+    assert 1 + spec["num_spec_steps"] + spec["num_accepted_draft_tokens"] >= completion_tokens
+
+
+def test_per_request_speculative_metrics_in_vllms_shape(live: LiveServer) -> None:
+    body = {"prompt": "the draft model proposes", "max_tokens": 10, "temperature": 0}
+    body["ignore_eos"] = True
+    plain = httpx.post(f"{live.url}/v1/completions", json=body, timeout=60).json()
+    _check_spec_payload(plain["metrics"]["speculative_decoding"], 10, 3)
+    streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{live.url}/v1/completions", json=streamed, timeout=60) as response:
+        events = sse_events(list(response.iter_lines()))
+    last = events[-2]
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] == 10
+    _check_spec_payload(last["metrics"]["speculative_decoding"], 10, 3)
+    assert all("metrics" not in e for e in events[:-2])  # only the final usage chunk
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "ignore_eos": True}
+    answer = httpx.post(f"{live.url}/v1/chat/completions", json=chat, timeout=60).json()
+    _check_spec_payload(answer["metrics"]["speculative_decoding"], 6, 3)
