@@ -332,8 +332,9 @@ def _check_spec_payload(spec: dict[str, Any], completion_tokens: int, max_draft_
     assert spec["mean_acceptance_length"] == pytest.approx(
         1 + spec["num_accepted_draft_tokens"] / spec["num_spec_steps"]
     )
-    # each step confirms its accepted drafts plus one; the prefill gave the first token
-    assert 1 + spec["num_spec_steps"] + spec["num_accepted_draft_tokens"] >= completion_tokens
+    # each drafting step confirms its accepted drafts plus one, the prefill gave the first
+    # token, and steps with no room left to draft (the last token) confirm one each
+    assert 1 + spec["num_spec_steps"] + spec["num_accepted_draft_tokens"] <= completion_tokens
 
 
 def test_per_request_speculative_metrics_in_vllms_shape(live: LiveServer) -> None:
