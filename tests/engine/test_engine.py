@@ -276,7 +276,9 @@ def test_stop_ids_and_min_tokens(target_dir: Path, close_drafter_dir: Path) -> N
             events += engine.step()
         tokens = [t for e in events for t in e.token_ids]
         assert tokens == free[: first + 1]
-        assert events[-1] == TokenEvent(rid, events[-1].token_ids, True, "stop")
+        last = events[-1]
+        assert (last.request_id, last.finished, last.finish_reason) == (rid, True, "stop")
+        assert (last.spec is None) == (engine.max_draft_len == 0)
         late = SamplingParams(
             max_tokens=12, stop_token_ids=(stop,), min_tokens=first + 2, ignore_eos=True
         )
@@ -330,7 +332,9 @@ def test_max_seq_len_ends_with_length(target_dir: Path) -> None:
     while engine.has_work():
         events += engine.step()
     assert sum(len(e.token_ids) for e in events) == 12 - 5
-    assert events[-1] == TokenEvent(rid, events[-1].token_ids, True, "length")
+    last = events[-1]
+    assert (last.request_id, last.finished, last.finish_reason) == (rid, True, "length")
+    assert last.spec is not None and last.spec["num_spec_tokens"] == 4
 
 
 def test_requests_added_from_another_thread(target_dir: Path, baseline: list[list[int]]) -> None:
