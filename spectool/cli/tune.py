@@ -11,7 +11,9 @@ neither ``--resume`` nor ``--force``), 3 a server failed, 130 interrupted.
 from __future__ import annotations
 
 import signal
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -119,6 +121,9 @@ MinGainOpt = Annotated[
 ]
 
 
+PLAIN_EVERY_S = 10.0
+
+
 class RichTuneProgress:
     """Rich progress on stderr: one line per cell and server, a bar per trial's requests."""
 
@@ -176,11 +181,49 @@ class RichTuneProgress:
         if self._task is not None:
             self.progress.remove_task(self._task)
             self._task = None
+        if "#p" in result.config.label:  # a block of a paired cell: the bar was enough
+            return
         tokens = sum(r.output_tokens for r in result.records)
         self.progress.console.print(
             f"  {len(result.records)} requests, {tokens} tokens in {result.wall_time_s:.1f} s",
             style="dim",
         )
+
+
+class PlainTuneProgress:
+    """Progress as plain lines on stderr when it is not a terminal (a log, CI): a line per
+    cell and server, and one at most every :data:`PLAIN_EVERY_S` seconds while measuring."""
+
+    def __init__(self, stream: Any = None) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.started = time.monotonic()
+        self.last = self.started
+        self.trials = 0
+
+    def _line(self, text: str) -> None:
+        print(f"[{time.monotonic() - self.started:5.0f} s] {text}", file=self.stream, flush=True)
+        self.last = time.monotonic()
+
+    def on_message(self, text: str) -> None:
+        self._line(text)
+
+    def on_cell_start(self, concurrency: int, k: int, number: int) -> None:
+        what = "baseline (no speculation)" if k == 0 else f"draft length {k}, paired blocks"
+        self._line(f"cell {number}: concurrency {concurrency}, {what}")
+
+    def on_server_ready(self, info: ServerInfo) -> None:
+        self._line(f"server ready in {info.ready_s:.1f} s")
+
+    def on_trial_start(self, config: TrialConfig, num_requests: int) -> None:
+        pass
+
+    def on_request_done(self, config: TrialConfig, result: StreamResult) -> None:
+        pass
+
+    def on_trial_done(self, result: TrialResult) -> None:
+        self.trials += 1
+        if time.monotonic() - self.last >= PLAIN_EVERY_S:
+            self._line(f"  {self.trials} trials measured so far")
 
 
 class _StopRequest:
@@ -294,6 +337,8 @@ def tune(
             if live:
                 with RichTuneProgress() as progress:
                     outcome = run_tune(resolved, progress=progress, should_stop=stop)
+            elif not as_json:
+                outcome = run_tune(resolved, progress=PlainTuneProgress(), should_stop=stop)
             else:
                 outcome = run_tune(resolved, should_stop=stop)
         except KeyboardInterrupt:

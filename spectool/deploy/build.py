@@ -502,14 +502,14 @@ def torch_engine_configs(
 
     common = {"max_batch_size": limits.max_batch_size, "max_seq_len": limits.max_seq_len}
     schedule = gate.kwargs.get("draft_len_schedule")
-    speculative = {
-        "method": report.method,
-        "max_draft_len": report.max_draft_len,
-        "draft_len_schedule": {str(b): k for b, k in schedule.items()} if schedule else None,
-        "max_concurrency": gate.kwargs.get("max_concurrency"),
-        **common,
-    }
-    baseline = {"method": "none", "max_draft_len": report.max_draft_len, **common}
+    speculative: dict[str, Any] = {"method": report.method, "max_draft_len": report.max_draft_len}
+    # only the gate that applies (no ``null`` beside a limit): a schedule, a cut-off, or neither
+    if schedule:
+        speculative["draft_len_schedule"] = {str(b): k for b, k in schedule.items()}
+    if gate.kwargs.get("max_concurrency") is not None:
+        speculative["max_concurrency"] = gate.kwargs["max_concurrency"]
+    speculative.update(common)
+    baseline = {"method": "none", **common}  # no draft length: it does not speculate
     for config in (speculative, baseline):
         sched = config.get("draft_len_schedule")
         fields = {
@@ -569,8 +569,12 @@ def _decision_record(inputs: BuildInputs) -> DecisionRecord | None:
     if inputs.decision is None or inputs.decision_bytes is None:
         return None
     summary = inputs.decision.summary()
+    source = Path(inputs.request.decision or "").resolve()
+    out = Path(inputs.request.out).expanduser().resolve()
+    # relative to the build folder when it lies inside (a tune folder moves as a whole)
+    shown = source.relative_to(out) if source.is_relative_to(out) else source
     return DecisionRecord(
-        source=str(Path(inputs.request.decision or "").resolve()),
+        source=str(shown),
         sha256=sha256_hex(inputs.decision_bytes),
         **summary,
     )

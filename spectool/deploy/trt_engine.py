@@ -77,10 +77,15 @@ def engine_steps(
     ``trtllm-build``. The conversion script is per model family and lives in the TensorRT-LLM
     repository's ``examples`` (not in the wheel): ``--trtllm-examples``, else the release
     container's :data:`CONTAINER_EXAMPLES`; when absent, the steps are recorded, not run.
-    EAGLE conversion: ``--max_draft_len K --num_eagle_layers min(K, 4)`` (the examples' depth 4
-    with K total draft tokens) [INFER from examples/eagle/README.md].
+    EAGLE-1 as TensorRT-LLM's examples/eagle/README.md (@06255cb) builds it: conversion with
+    ``--max_draft_len 63 --num_eagle_layers 4`` (a draft tree of up to 63 tokens, depth 4) and
+    ``trtllm-build --speculative_decoding_mode eagle`` without ``--max_draft_len``; the tree
+    itself (``eagle_choices``) is chosen at run time, so ``--max-draft-len`` is not a build-time
+    setting there (a note says so).
     """
     from spectool.trtllm.launch import (
+        EAGLE1_LAYERS,
+        EAGLE1_TREE_NODES,
         build_mode_for_method,
         build_trtllm_build_argv,
         find_trtllm_build,
@@ -112,7 +117,14 @@ def engine_steps(
     assert report.drafter is not None, "TensorRT engine methods have a drafter"
     if report.method == "eagle":
         convert_spec += ["--eagle_model_dir", model_ref(report.drafter)]
-        convert_spec += ["--max_draft_len", str(k), "--num_eagle_layers", str(min(k, 4))]
+        convert_spec += ["--max_draft_len", str(EAGLE1_TREE_NODES)]
+        convert_spec += ["--num_eagle_layers", str(EAGLE1_LAYERS)]
+        notes.append(
+            f"legacy EAGLE-1 engine: converted as examples/eagle/README.md does (a draft tree of "
+            f"up to {EAGLE1_TREE_NODES} tokens, {EAGLE1_LAYERS} EAGLE layers) and built without "
+            f"--max_draft_len; the tree is chosen at run time (eagle_choices), so --max-draft-len "
+            f"{k} does not change the engine"
+        )
     else:
         heads = report.drafter.config.get("medusa_num_heads") or report.drafter.medusa_heads or 4
         convert_spec += ["--medusa_model_dir", model_ref(report.drafter)]
@@ -128,7 +140,7 @@ def engine_steps(
         checkpoint_dir=ckpt_spec,
         output_dir=out / ENGINE_DIR,
         speculative_decoding_mode=build_mode_for_method(report.method),
-        max_draft_len=k,
+        max_draft_len=None if report.method == "eagle" else k,
         executable=trtllm_build,
         **sizes,
     )

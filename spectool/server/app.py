@@ -238,6 +238,9 @@ def create_app(
         driver = _ready_driver(state)
         try:
             driver.set_draft_len(body.k)
+            logger.info(
+                "draft length set to %s", "the configured one" if body.k is None else body.k
+            )
         except BadInputError as exc:
             busy = driver.num_unfinished > 0 or "requests run" in str(exc)
             raise APIError(409 if busy else 400, str(exc), param="k") from None

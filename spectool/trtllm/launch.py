@@ -147,6 +147,15 @@ def build_serve_argv(
     return argv
 
 
+# EAGLE-1 engines: examples/eagle/README.md (TensorRT-LLM @06255cb) converts with
+# --max_draft_len 63 --num_eagle_layers 4 and runs trtllm-build with --speculative_decoding_mode
+# eagle and no --max_draft_len: the draft tree (eagle_choices, 63 nodes of depth 4) is the
+# checkpoint's and the run's, not the build's.
+BUILD_MODES_WITHOUT_DRAFT_LEN = frozenset({"eagle"})
+EAGLE1_TREE_NODES = 63
+EAGLE1_LAYERS = 4
+
+
 def build_trtllm_build_argv(
     *,
     release: str,
@@ -164,6 +173,8 @@ def build_trtllm_build_argv(
     """argv for the legacy ``trtllm-build`` (TensorRT engines, releases ≤1.2).
 
     ``speculative_decoding_mode`` is one of :data:`BUILD_MODE_CHOICES` (None: no speculation);
+    ``max_draft_len`` is required with it, except for EAGLE
+    (:data:`BUILD_MODES_WITHOUT_DRAFT_LEN`), whose draft tree comes from the checkpoint;
     draft/target engines need ``--use_paged_context_fmha enable`` and usually
     ``--gather_generation_logits`` (examples/draft_target_model/README.md).
     """
@@ -186,10 +197,19 @@ def build_trtllm_build_argv(
                 f"{speculative_decoding_mode!r} is not one of {', '.join(BUILD_MODE_CHOICES)}",
             )
         _positive("max_draft_len", max_draft_len)
-        if max_draft_len is None:
-            raise ConfigError("max_draft_len", "required with a speculative decoding mode")
         argv += ["--speculative_decoding_mode", speculative_decoding_mode]
-        argv += ["--max_draft_len", str(max_draft_len)]
+        if speculative_decoding_mode in BUILD_MODES_WITHOUT_DRAFT_LEN:
+            if max_draft_len is not None:
+                raise ConfigError(
+                    "max_draft_len",
+                    f"{speculative_decoding_mode} engines take their draft tree from the "
+                    "converted checkpoint (examples/eagle/README.md builds without "
+                    "--max_draft_len)",
+                )
+        elif max_draft_len is None:
+            raise ConfigError("max_draft_len", "required with a speculative decoding mode")
+        else:
+            argv += ["--max_draft_len", str(max_draft_len)]
     elif max_draft_len is not None:
         raise ConfigError("max_draft_len", "needs a speculative_decoding_mode")
     for flag, value in (

@@ -17,8 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spectool.decide.acceptance import PositionCounts, constant_alpha_for
 from spectool.tuning.setup import PLOT_NAMES
+from spectool.tuning.stats import acceptance_curves
 
 if TYPE_CHECKING:
     from spectool.tuning.session import TuneOutcome
@@ -186,27 +186,10 @@ def latency_vs_concurrency(outcome: TuneOutcome, path: Path) -> Path:
         plt.close(fig)
 
 
-def _acceptance_curves(outcome: TuneOutcome) -> tuple[dict[int, tuple[float, ...]], bool]:
-    """Per concurrency, ``alpha_i`` pooled over its speculative cells; True when per position."""
-    pooled: dict[int, PositionCounts] = {}
-    for (c, k), cell in sorted(outcome.cells.items()):
-        if k > 0 and cell.positions is not None and cell.positions.steps:
-            pooled[c] = pooled[c].merged(cell.positions) if c in pooled else cell.positions
-    if pooled:
-        return {c: counts.alphas() for c, counts in pooled.items()}, True
-    fitted: dict[int, tuple[float, ...]] = {}
-    for (c, k), cell in sorted(outcome.cells.items()):
-        tokens = cell.tokens_per_step() if k > 0 else None
-        if tokens is not None and (c not in fitted or k > len(fitted[c])):
-            alpha = constant_alpha_for(min(max(tokens, 1.0), k + 1.0), k)
-            fitted[c] = (alpha,) * k
-    return fitted, False
-
-
 def acceptance_per_position(outcome: TuneOutcome, path: Path) -> Path:
     """``acceptance_per_position.png`` (module docstring)."""
     plt = _pyplot()
-    curves, per_position = _acceptance_curves(outcome)
+    curves, per_position = acceptance_curves(outcome.cells)
     fig, ax = plt.subplots(figsize=(6.0, 4.0))
     cmap = plt.get_cmap("plasma")
     concs = sorted(curves)

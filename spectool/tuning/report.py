@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from spectool.io import atomic_write_text
 from spectool.tuning.setup import PLOT_NAMES, REPORT_NAME
-from spectool.tuning.stats import Interval
+from spectool.tuning.stats import Interval, acceptance_curves
 
 if TYPE_CHECKING:
     from spectool.decide.cost import CellVerdict
@@ -323,12 +323,19 @@ def report_markdown(outcome: TuneOutcome) -> str:
             acc_rows.append(
                 [str(c), str(k), _num(s.tokens_per_step), *(f"{a:.3f}" for a in s.alphas)]
             )
+    curves, per_position = acceptance_curves(outcome.cells)
+    for c, alphas in sorted(curves.items()):
+        ks = [k for (c2, k), s in outcome.stats.items() if c2 == c and k > 0 and s.alphas]
+        if per_position and len(ks) > 1:  # the plot pools a concurrency's cells: so does a row
+            acc_rows.append([str(c), "pooled", DASH, *(f"{a:.3f}" for a in alphas)])
+    acc_rows.sort(key=lambda r: (int(r[0]), r[1] == "pooled"))
     if acc_rows:
         width = max(len(r) for r in acc_rows) - 3
         acc_rows = [r + [DASH] * (width + 3 - len(r)) for r in acc_rows]
         lines += [
             "alpha_i = P(position i accepted | positions before it accepted); E[tokens | k] = "
-            "1 + sum over i <= k of alpha_1 x ... x alpha_i.",
+            "1 + sum over i <= k of alpha_1 x ... x alpha_i. Rows `pooled` pool a concurrency's "
+            "cells, as the acceptance plot draws them.",
             "",
             *_table(["c", "k", "tokens/step", *(f"alpha_{i + 1}" for i in range(width))], acc_rows),
         ]

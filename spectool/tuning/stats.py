@@ -167,3 +167,26 @@ def stall_notes(
                 "which speculation does not shorten"
             )
     return notes
+
+
+def acceptance_curves(
+    cells: Mapping[tuple[int, int], CellMeasurement],
+) -> tuple[dict[int, tuple[float, ...]], bool]:
+    """Per concurrency, ``alpha_i`` pooled over its speculative cells (what the acceptance plot
+    draws and the report's pooled rows list); True when per-position counts were measured, else
+    a constant rate fitted to each concurrency's longest cell's tokens per step."""
+    from spectool.decide.acceptance import PositionCounts, constant_alpha_for
+
+    pooled: dict[int, PositionCounts] = {}
+    for (c, k), cell in sorted(cells.items()):
+        if k > 0 and cell.positions is not None and cell.positions.steps:
+            pooled[c] = pooled[c].merged(cell.positions) if c in pooled else cell.positions
+    if pooled:
+        return {c: counts.alphas() for c, counts in pooled.items()}, True
+    fitted: dict[int, tuple[float, ...]] = {}
+    for (c, k), cell in sorted(cells.items()):
+        tokens = cell.tokens_per_step() if k > 0 else None
+        if tokens is not None and (c not in fitted or k > len(fitted[c])):
+            alpha = constant_alpha_for(min(max(tokens, 1.0), k + 1.0), k)
+            fitted[c] = (alpha,) * k
+    return fitted, False

@@ -67,7 +67,9 @@ def _start(spec: dict[str, Any]) -> _Running:
         fields["draft_len_schedule"] = {int(b): int(k) for b, k in schedule.items()}
     config = EngineConfig(**fields)  # ConfigError on anything the engine refuses
     app = create_app(lambda: Engine(target, drafter, config), model_name=spec["model_name"])
-    server, thread, url = serve_in_thread(app, name="tune-server")
+    # log_level info: the spectool loggers' lines (load, draft-length switches) reach
+    # server.log; there is no access log in the worker
+    server, thread, url = serve_in_thread(app, name="tune-server", log_level="info")
     running = _Running(server, thread, app, url)
     state = app.state.spectool
     wait = poll_health(
@@ -108,6 +110,12 @@ def _stop(running: _Running | None) -> None:
         pass
 
 
+def _log(text: str) -> None:
+    import logging
+
+    logging.getLogger("spectool.tuning.worker").info(text)
+
+
 def _answer(out: TextIO, obj: dict[str, Any]) -> None:
     out.write(json.dumps(obj) + "\n")
     out.flush()
@@ -135,6 +143,12 @@ def serve_commands(commands: TextIO, answers: TextIO) -> None:
                     _answer(answers, {"error": f"{type(e).__name__}: {e}"})
                     continue
                 load_s = time.perf_counter() - started
+                spec = message["serve"]
+                _log(
+                    f"serving {spec['target']}"
+                    + (f" with drafter {spec['drafter']}" if spec.get("drafter") else "")
+                    + f", {spec['config']}, at {running.url} (ready in {load_s:.1f} s)"
+                )
                 _answer(answers, {"ready": {"url": running.url, "load_s": load_s}})
             elif "stop" in message:
                 _stop(running)
@@ -156,6 +170,14 @@ def main(argv: list[str] | None = None) -> int:
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8", buffering=1)
     sys.stdout.flush()
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    # the server's own lines (loads, draft-length switches, warnings) go to stderr, which the
+    # parent writes to DIR/server.log
+    import logging
+
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s"
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # the /health polls: not worth a line
     if args.threads > 0:
         import torch
 

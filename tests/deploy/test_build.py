@@ -255,15 +255,14 @@ def test_torch_engine_build_records_the_embedded_engine_config(tiny_pair, tmp_pa
     assert code == 0, stdout + err
     spec = json.loads((out / "speculative.json").read_text())
     base = json.loads((out / "baseline.json").read_text())
-    assert spec == {
+    assert spec == {  # the gate that applies, no null beside it
         "method": "draft_model",
         "max_draft_len": 3,
-        "draft_len_schedule": None,
         "max_concurrency": 4,
         "max_batch_size": 8,
         "max_seq_len": 512,
     }
-    assert base == {"method": "none", "max_draft_len": 3, "max_batch_size": 8, "max_seq_len": 512}
+    assert base == {"method": "none", "max_batch_size": 8, "max_seq_len": 512}  # no draft length
     m = json.loads((out / "manifest.json").read_text())
     assert (m["engine"], m["trtllm"], m["runtime_gate"]) == (
         "torch",
@@ -329,11 +328,14 @@ def test_legacy_tensorrt_backend(make_ckpt, tmp_path, capsys, monkeypatch) -> No
     build_spec = steps["trtllm-build speculative engine"]
     assert build_spec[0] == str(bin_dir / "trtllm-build")
     assert build_spec[build_spec.index("--speculative_decoding_mode") + 1] == "eagle"
-    assert build_spec[build_spec.index("--max_draft_len") + 1] == "4"
+    assert "--max_draft_len" not in build_spec  # EAGLE-1: the tree is the checkpoint's
     assert build_spec[build_spec.index("--output_dir") + 1] == str(out / "engine")
     convert = steps["convert speculative checkpoint"]
     assert convert[1].endswith("eagle/convert_checkpoint.py")
     assert convert[convert.index("--eagle_model_dir") + 1] == str(make_ckpt(EAGLE1))
+    # examples/eagle/README.md: a 63-token tree of depth 4, whatever --max-draft-len says
+    assert convert[convert.index("--max_draft_len") + 1] == "63"
+    assert convert[convert.index("--num_eagle_layers") + 1] == "4"
     assert "--speculative_decoding_mode" not in steps["trtllm-build baseline engine"]
     assert steps["convert baseline checkpoint"][1].endswith(
         "models/core/llama/convert_checkpoint.py"
@@ -364,3 +366,38 @@ def test_legacy_tensorrt_backend(make_ckpt, tmp_path, capsys, monkeypatch) -> No
         examples / "eagle" / "convert_checkpoint.py"
     )
     assert os.environ["PATH"] == str(bin_dir)
+
+
+def test_local_drafter_for_releases_that_cannot_download(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TensorRT-LLM 1.0/1.1 load a draft model from a folder only (PR #10099): a local folder
+    passes, a repo id is refused with the command to run, and ``--download`` resolves it
+    through huggingface_hub (here from the local Hub cache, offline)."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    import huggingface_hub.constants as hf_constants
+
+    from spectool.deploy.build import _local_drafter
+
+    folder = tmp_path / "drafter"
+    folder.mkdir()
+    request = BuildRequest()
+    plain = SimpleNamespace(revision=None)
+    assert _local_drafter(str(folder), plain, "1.1", request) == str(folder)
+    with pytest.raises(BadInputError, match="huggingface-cli download org/tiny-drafter"):
+        _local_drafter("org/tiny-drafter", plain, "1.1", request)
+    cache = tmp_path / "hub"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    snapshot = cache / "models--org--tiny-drafter" / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (cache / "models--org--tiny-drafter" / "refs").mkdir()
+    (cache / "models--org--tiny-drafter" / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+    download = dataclasses.replace(request, download=True)
+    assert Path(_local_drafter("org/tiny-drafter", plain, "1.1", download)) == snapshot
+    with pytest.raises(BadInputError, match="cannot download org/missing"):
+        _local_drafter("org/missing", plain, "1.1", download)

@@ -140,6 +140,21 @@ def test_trtllm_build_refusals():
         build_trtllm_build_argv(
             release="1.2", checkpoint_dir="c", output_dir="o", speculative_decoding_mode="medusa"
         )
+    with pytest.raises(ConfigError, match="draft tree"):
+        build_trtllm_build_argv(
+            release="1.2",
+            checkpoint_dir="c",
+            output_dir="o",
+            speculative_decoding_mode="eagle",
+            max_draft_len=4,
+        )
+    eagle = build_trtllm_build_argv(
+        release="1.2", checkpoint_dir="c", output_dir="o", speculative_decoding_mode="eagle"
+    )
+    assert (
+        "--max_draft_len" not in eagle
+        and eagle[eagle.index("--speculative_decoding_mode") + 1] == "eagle"
+    )
     with pytest.raises(ConfigError, match="engine mode"):
         build_mode_for_method("eagle3")
     assert build_mode_for_method("eagle") == "eagle"

@@ -130,6 +130,8 @@ def tuned(
 
 def test_sigterm_stops_cleanly_and_keeps_finished_trials(tuned: dict[str, Any]) -> None:
     assert tuned["interrupted_code"] == 130, tuned["interrupted_stderr"]
+    # stderr is no terminal here: progress comes as plain lines, from the first cell on
+    assert "cell 1: concurrency 1, baseline (no speculation)" in tuned["interrupted_stderr"]
     assert "--resume" in tuned["interrupted_stderr"]
     assert tuned["leftover"] == [], "a server process outlived the interrupted tune"
     assert 1 <= len(tuned["before"]) < GRID_TRIALS
@@ -244,8 +246,10 @@ def test_engine_config_carries_the_decision(tuned: dict[str, Any]) -> None:
         "draft_len_schedule": {int(b): k for b, k in schedule.items()} if schedule else None,
     }
     config = EngineConfig(**fields)  # the embedded engine accepts it
-    assert base["method"] == "none"
+    assert base["method"] == "none" and "max_draft_len" not in base
     assert base["max_batch_size"] == spec["max_batch_size"]
+    assert None not in spec.values()  # no null limit beside the gate that is written
+    assert manifest.decision.source == "decision.json"  # inside the folder: relative
     if decision.speculates_anywhere:
         for c in CONCURRENCIES:  # the written gate gives each measured concurrency its choice
             k = scheduled_draft_len(
@@ -299,7 +303,12 @@ def test_tune_json_report_and_plots(tuned: dict[str, Any]) -> None:
         assert verdict["ci_low"] <= verdict["ratio"] <= verdict["ci_high"]
         assert paired["drift_base"] > 0 and paired["drift_spec"] > 0
     assert record["search"]["pairing"]["max_pairs"] >= 4
+    log = (out / "server.log").read_text()  # the server's own lines, not an empty file
+    assert "serving " in log and "draft length set to 0" in log
     report = (out / "report.md").read_text()
+    # a concurrency with several speculative cells gets the pooled row the plot draws
+    if sum(1 for c in record["cells"] if c["concurrency"] == 1 and c["k"] > 0) > 1:
+        assert "| 1 | pooled |" in report
     for heading in (
         "## Decision",
         "## Runs",
