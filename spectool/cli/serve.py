@@ -439,7 +439,7 @@ def _serve_build(
     word = "with speculation" if plan.gate.speculate else "without speculation"
     level = "warning" if plan.gate.warn else "note"
     typer.echo(f"spectool: {level}: {plan.gate.reason}", err=True)
-    typer.echo(
+    typer.echo(  # one line: the command stays copyable
         f"spectool: serving {build_dir} {word} ({config}): {' '.join(plan.command.argv)}", err=True
     )
     name = "trtllm-serve" if plan.manifest.engine == "trtllm" else "spectool server"
@@ -480,19 +480,17 @@ def _serve_torch(request: TorchServeRequest) -> None:
     drafting = f", {request.method} k={request.max_draft_len}" if request.method != "none" else ""
     drafter = f" + {request.drafter.name}" if request.drafter is not None else ""
     if request.default_pair:
-        typer.echo(
+        _say(
             "spectool: note: no TARGET given: serving spectool's demo pair "
             f"({DEMO_TARGET} + {DEMO_DRAFTER}) on the embedded torch engine, the engine that "
             "serves a model folder directly (TensorRT-LLM serves build folders: spectool build "
-            "TARGET [DRAFTER] --out DIR, then spectool serve DIR)",
-            err=True,
+            "TARGET [DRAFTER] --out DIR, then spectool serve DIR)"
         )
     sock = bind_socket(request.host, request.port)  # a busy port fails before the line below
     bound_host, bound_port = sock.getsockname()[:2]
-    typer.echo(
+    _say(
         f"spectool: serving {request.model_name} ({request.target.name}{drafter}{drafting}) "
-        f"with the torch engine on {request.device}, address {bound_host}:{bound_port}",
-        err=True,
+        f"with the torch engine on {request.device}, address {bound_host}:{bound_port}"
     )
     serve_checkpoint(
         request.target,
@@ -508,3 +506,17 @@ def _serve_torch(request: TorchServeRequest) -> None:
 
 def register(app: typer.Typer) -> None:
     app.command("serve", cls=_PassThroughCommand)(serve)
+
+
+def _say(text: str) -> None:
+    """A line for stderr, wrapped at the terminal's width (80 when unknown) between words, so
+    paths, flags and addresses are never cut in two."""
+    import shutil
+    import textwrap
+
+    width = shutil.get_terminal_size((80, 24)).columns
+    lines = textwrap.wrap(
+        text, width=max(width, 40), subsequent_indent="  ", break_long_words=False,
+        break_on_hyphens=False,
+    )  # fmt: skip
+    typer.echo("\n".join(lines), err=True)

@@ -75,7 +75,12 @@ def test_no_arguments_say_which_engine_and_model_and_why() -> None:
             check=False,
         )
     assert out.returncode == 2
-    note, error = out.stderr.splitlines()
+    lines = out.stderr.splitlines()
+    error = lines[-1]
+    # the note, wrapped between words at 80 columns (continuation lines indented)
+    assert all(len(line) <= 80 for line in lines[:-1])
+    assert all(line.startswith("  ") for line in lines[1:-1])
+    note = " ".join(line.strip() for line in lines[:-1])
     assert "no TARGET given" in note and "spectool:demo-target + spectool:demo-drafter" in note
     assert "embedded torch engine" in note and "TensorRT-LLM serves build folders" in note
     assert error.startswith("spectool: error:") and str(port) in error
