@@ -251,8 +251,35 @@ def evaluate_cell(
         spec_block_len=spec_block,
         base_block_len=base_block,
     )
-    lhs = float(spec_num.sum() / spec_den.sum())
-    rhs = float(base_num.sum() / base_den.sum())
+    return cell_verdict(
+        spec,
+        (spec_num, spec_den, base_num, base_den),
+        ratio=ratio,
+        interval=(lo, hi),
+        source=source,
+        confidence=confidence,
+        n_boot=n_boot,
+        alphas=alphas,
+    )
+
+
+def cell_verdict(
+    spec: CellMeasurement,
+    terms: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    *,
+    ratio: float,
+    interval: tuple[float, float],
+    source: Source,
+    confidence: float,
+    n_boot: int,
+    alphas: Sequence[float] | None,
+    paired: PairedEstimate | None = None,
+) -> CellVerdict:
+    """The :class:`CellVerdict` of ``spec`` with ``ratio`` and its ``interval`` (however they
+    were estimated), the sides pooled from ``terms`` (spec numerator and denominator, then the
+    baseline's), and tokens per step measured and predicted from ``alphas``."""
+    spec_num, spec_den, base_num, base_den = terms
+    lo, hi = interval
     measured_tokens = spec.tokens_per_step()
     predicted_tokens = (
         expected_tokens_per_step(alphas, spec.k)
@@ -263,8 +290,8 @@ def evaluate_cell(
     return CellVerdict(
         concurrency=spec.concurrency,
         k=spec.k,
-        lhs_ms_per_token=lhs,
-        rhs_ms_per_token=rhs,
+        lhs_ms_per_token=float(spec_num.sum() / spec_den.sum()),
+        rhs_ms_per_token=float(base_num.sum() / base_den.sum()),
         ratio=ratio,
         ci_low=lo,
         ci_high=hi,
@@ -281,4 +308,5 @@ def evaluate_cell(
             None if step_cost is None or predicted_tokens is None else predicted_tokens / step_cost
         ),
         measured_speedup=1.0 / ratio,
+        paired=paired,
     )

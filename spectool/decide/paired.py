@@ -37,7 +37,6 @@ from typing import Literal
 
 import numpy as np
 
-from spectool.decide.acceptance import expected_tokens_per_step
 from spectool.decide.cell import CellMeasurement, pooled
 from spectool.decide.cost import (
     CellVerdict,
@@ -45,6 +44,7 @@ from spectool.decide.cost import (
     Verdict,
     _resampled_sums,
     bootstrap_ratio_ci,
+    cell_verdict,
     default_block_len,
     iteration_terms,
     request_terms,
@@ -336,34 +336,14 @@ def verdict_from_estimate(
     n_boot: int,
 ) -> CellVerdict:
     """A :class:`CellVerdict` whose ratio and interval are ``estimate``'s."""
-    s_num, s_den, b_num, b_den = _terms(spec, base, estimate.source)
-    measured_tokens = spec.tokens_per_step()
-    predicted_tokens = (
-        expected_tokens_per_step(alphas, spec.k)
-        if alphas is not None and len(alphas) >= spec.k
-        else None
-    )
-    step_cost = None if measured_tokens is None else estimate.ratio * measured_tokens
-    return CellVerdict(
-        concurrency=spec.concurrency,
-        k=spec.k,
-        lhs_ms_per_token=float(s_num.sum() / s_den.sum()),
-        rhs_ms_per_token=float(b_num.sum() / b_den.sum()),
+    return cell_verdict(
+        spec,
+        _terms(spec, base, estimate.source),
         ratio=estimate.ratio,
-        ci_low=estimate.ci_low,
-        ci_high=estimate.ci_high,
-        verdict=estimate.verdict,
+        interval=(estimate.ci_low, estimate.ci_high),
         source=estimate.source,
         confidence=estimate.confidence,
         n_boot=n_boot,
-        n_spec=int(s_num.size),
-        n_base=int(b_num.size),
-        tokens_per_step_measured=measured_tokens,
-        tokens_per_step_predicted=predicted_tokens,
-        step_cost_ratio=step_cost,
-        predicted_speedup=(
-            None if step_cost is None or predicted_tokens is None else predicted_tokens / step_cost
-        ),
-        measured_speedup=1.0 / estimate.ratio,
+        alphas=alphas,
         paired=estimate,
     )

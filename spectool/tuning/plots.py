@@ -95,27 +95,20 @@ def speedup_heatmap(outcome: TuneOutcome, path: Path) -> Path:
                 color="white" if dark else "black",
                 fontweight="bold" if is_measured else "normal",
             )
+            hatch = None
             if v is not None and v.verdict == "inconclusive":
+                hatch = ("xx", "dimgrey")
+            elif not is_measured:
+                hatch = ("///", "grey")
+            if hatch is not None:
                 ax.add_patch(
                     Rectangle(
                         (j - 0.5, i - 0.5),
                         1,
                         1,
                         fill=False,
-                        hatch="xx",
-                        edgecolor="dimgrey",
-                        linewidth=0,
-                    )
-                )
-            if not is_measured:
-                ax.add_patch(
-                    Rectangle(
-                        (j - 0.5, i - 0.5),
-                        1,
-                        1,
-                        fill=False,
-                        hatch="///",
-                        edgecolor="grey",
+                        hatch=hatch[0],
+                        edgecolor=hatch[1],
                         linewidth=0,
                     )
                 )
