@@ -89,22 +89,13 @@ def paired_sweep(out: Path, extra: list[str], pairs: int, seed: int) -> dict[tup
     from spectool.decide.paired import BlockPair
     from spectool.measure.runner import measure
     from spectool.tuning.request import TuneRequest, resolve
-    from spectool.tuning.session import (
-        METRICS_INTERVAL_S,
-        cell_plan,
-        count_tokens_for,
-        make_driver,
-        make_setup,
-        prompts_for,
-    )
+    from spectool.tuning.session import METRICS_INTERVAL_S, make_driver, measurement_plan
     from spectool.tuning.trials import pooled_cell
 
     request = TuneRequest(out=out, force=True, seed=seed, **_tune_fields(extra))
     resolved = resolve(request)
     out.mkdir(parents=True, exist_ok=True)
-    count_tokens = count_tokens_for(resolved)
-    prompts = prompts_for(resolved, count_tokens)
-    plan = cell_plan(resolved, make_setup(resolved, prompts), prompts)
+    count_tokens, prompts, _, plan = measurement_plan(resolved)
     found: dict[tuple[int, int], list] = {}
     with make_driver(resolved, out) as driver:
         for c in resolved.concurrencies:

@@ -56,11 +56,8 @@ from spectool.measure.runner import TrialResult, load_trials, measure  # noqa: E
 from spectool.tuning.request import TuneRequest, parse_concurrencies, resolve  # noqa: E402
 from spectool.tuning.session import (  # noqa: E402
     METRICS_INTERVAL_S,
-    cell_plan,
-    count_tokens_for,
     make_driver,
-    make_setup,
-    prompts_for,
+    measurement_plan,
     run_tune,
 )
 from spectool.tuning.stats import cell_stats  # noqa: E402
@@ -73,9 +70,7 @@ def sweep(resolved, out: Path) -> tuple[dict, float, str]:  # noqa: ANN001
     """Measure every cell, k-major; returns (cells, wall seconds, workload id)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "trials.jsonl").unlink(missing_ok=True)
-    count_tokens = count_tokens_for(resolved)
-    prompts = prompts_for(resolved, count_tokens)
-    plan = cell_plan(resolved, make_setup(resolved, prompts), prompts)
+    count_tokens, prompts, _, plan = measurement_plan(resolved)
     cells = {}
     started = time.perf_counter()
     with make_driver(resolved, out) as driver:

@@ -21,6 +21,8 @@ stays fast.
 from __future__ import annotations
 
 import os
+import shutil
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -511,9 +513,6 @@ def register(app: typer.Typer) -> None:
 def _say(text: str) -> None:
     """A line for stderr, wrapped at the terminal's width (80 when unknown) between words, so
     paths, flags and addresses are never cut in two."""
-    import shutil
-    import textwrap
-
     width = shutil.get_terminal_size((80, 24)).columns
     lines = textwrap.wrap(
         text, width=max(width, 40), subsequent_indent="  ", break_long_words=False,

@@ -49,6 +49,7 @@ from spectool.errors import BadInputError, CheckpointError, ConfigError
 
 __all__ = [
     "Engine",
+    "EngineBusyError",
     "EngineConfig",
     "IterationStats",
     "SamplingParams",
@@ -57,6 +58,13 @@ __all__ = [
 ]
 
 METHODS: tuple[str, ...] = ("none", "draft_model", "ngram")
+
+
+class EngineBusyError(BadInputError):
+    """The engine cannot do this while requests are queued or running (e.g. switch its draft
+    length): retry once they have finished."""
+
+
 # Iteration records kept until drained (TensorRT-LLM's max_stats_len default).
 MAX_STATS_RECORDS = 1000
 
@@ -463,7 +471,7 @@ class Engine:
         cache stay loaded. With ``k = 0`` the drafter does no work at all (no prefill, no
         drafting), so the step is the baseline's step on the same engine: this is how ``tune``
         pairs speculative and baseline measurements in one server without a restart. Raises
-        :class:`BadInputError` for an out-of-range ``k`` or while requests are queued or running
+        :class:`BadInputError` for an out-of-range ``k``, :class:`EngineBusyError` while requests are queued or running
         (the drafter's cache must hold either every request or none).
         """
         if k is not None and not 0 <= k <= self.max_draft_len:
@@ -473,7 +481,7 @@ class Engine:
             )
         with self._lock:
             if self._queue or self._running:
-                raise BadInputError(
+                raise EngineBusyError(
                     "draft length",
                     f"cannot change while {len(self._queue) + len(self._running)} requests run",
                 )
@@ -522,12 +530,12 @@ class Engine:
         # The new requests' first tokens go out now; they join the decode batch next step (as in
         # TensorRT-LLM, where a context request generates from the following iteration on).
         touched = bool(emits)  # prefills or aborts: the iteration is recorded
-        events = self._events({r.request_id for r in admitted}, emits)
+        new_ids = {r.request_id for r in admitted}
+        events = self._events(new_ids, emits)
         finished = sum(e.finished for e in events)
         if events and self.on_prefill is not None:
             self.on_prefill(events)
             events = []
-        new_ids = {r.request_id for r in admitted}
         batch = [
             r
             for r in self._running.values()

@@ -34,7 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 import spectool
-from spectool.engine.engine import Engine, SamplingParams
+from spectool.engine.engine import Engine, EngineBusyError, SamplingParams
 from spectool.errors import BadInputError
 from spectool.server.driver import (
     AsyncEngine,
@@ -241,9 +241,10 @@ def create_app(
             logger.info(
                 "draft length set to %s", "the configured one" if body.k is None else body.k
             )
+        except EngineBusyError as exc:
+            raise APIError(409, str(exc), param="k") from None
         except BadInputError as exc:
-            busy = driver.num_unfinished > 0 or "requests run" in str(exc)
-            raise APIError(409 if busy else 400, str(exc), param="k") from None
+            raise APIError(400, str(exc), param="k") from None
         return _draft_len_json(driver)
 
     @app.post("/v1/completions")

@@ -23,7 +23,13 @@ from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from spectool.engine.engine import Engine, IterationStats, SamplingParams, TokenEvent
+from spectool.engine.engine import (
+    Engine,
+    EngineBusyError,
+    IterationStats,
+    SamplingParams,
+    TokenEvent,
+)
 from spectool.engine.tokenizer import IncrementalDecoder
 from spectool.server.metrics import PrometheusTotals
 
@@ -338,9 +344,7 @@ class AsyncEngine:
         """Fix the engine's draft length (0: speculation off), or None for the configured
         one; only while no request is in flight (see :meth:`Engine.set_draft_len`)."""
         if self._streams:
-            from spectool.errors import BadInputError
-
-            raise BadInputError(
+            raise EngineBusyError(
                 "draft length", f"cannot change while {len(self._streams)} requests run"
             )
         self.engine.set_draft_len(k)
@@ -368,7 +372,7 @@ class AsyncEngine:
                     self._stats.extend(records)
                     self._history.extend(records)
                     for record in records:
-                        self.totals.add(record, record.num_prompt_tokens)
+                        self.totals.add(record)
             if events:
                 self._call_soon(self._dispatch, events)
 

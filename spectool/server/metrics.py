@@ -127,10 +127,10 @@ class PrometheusTotals:
     def __init__(self) -> None:
         self.values: dict[str, float] = {name: 0.0 for name, _, _ in _PROMETHEUS}
 
-    def add(self, stats: IterationStats, prompt_tokens: int = 0) -> None:
+    def add(self, stats: IterationStats) -> None:
         v = self.values
         v["trtllm_num_requests_completed_total"] += stats.num_completed_requests
-        v["trtllm_prompt_tokens_total"] += prompt_tokens
+        v["trtllm_prompt_tokens_total"] += stats.num_prompt_tokens
         v["trtllm_generation_tokens_total"] += (
             stats.num_new_active_requests + stats.num_decoded_requests + stats.num_accepted_tokens
         )

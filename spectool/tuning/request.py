@@ -23,6 +23,7 @@ from pathlib import Path
 from spectool.check import DEFAULT_MAX_SEQ_LEN as CHECK_DEFAULT_MAX_SEQ_LEN
 from spectool.check import CheckReport, CheckRequest, run_check
 from spectool.errors import BadInputError, IncompatibleError
+from spectool.tuning.pairing import DEFAULT_BUDGET_S
 
 ENGINES = ("auto", "torch", "trtllm")
 TORCH_DEFAULT_MAX_SEQ_LEN = 1024
@@ -83,7 +84,7 @@ class TuneRequest:
     n_boot: int = 1000
     seed: int = 0
     min_gain: float = 0.0
-    budget_s: float = 30.0  # per paired cell: blocks are added until settled or this is spent
+    budget_s: float = DEFAULT_BUDGET_S  # per paired cell: blocks until settled or spent
 
 
 @dataclass(frozen=True)

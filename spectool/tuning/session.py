@@ -166,6 +166,17 @@ def make_setup(resolved: ResolvedTune, prompts: TunePrompts) -> TuneSetup:
     )
 
 
+def measurement_plan(
+    resolved: ResolvedTune,
+) -> tuple[Callable[[str], int] | None, TunePrompts, TuneSetup, CellPlan]:
+    """What every measurement of a run shares: the token counter, the prompts, the setup
+    (its fingerprint labels the trials) and the trial plan (tune and its benchmarks alike)."""
+    count_tokens = count_tokens_for(resolved)
+    prompts = prompts_for(resolved, count_tokens)
+    setup = make_setup(resolved, prompts)
+    return count_tokens, prompts, setup, cell_plan(resolved, setup, prompts)
+
+
 def make_driver(resolved: ResolvedTune, out: Path) -> ServerDriver:
     """The server driver for the resolved engine."""
     if resolved.engine == "torch":
@@ -340,11 +351,8 @@ def run_tune(
 
         find_trtllm_serve()
     out = Path(req.out).expanduser().resolve()
-    count_tokens = count_tokens_for(resolved)
-    prompts = prompts_for(resolved, count_tokens)
-    setup = make_setup(resolved, prompts)
+    count_tokens, prompts, setup, plan = measurement_plan(resolved)
     prepare_out_dir(out, setup, resume=req.resume, force=req.force)
-    plan = cell_plan(resolved, setup, prompts)
     trials_path = out / TRIALS_NAME
     concs = resolved.concurrencies
     grid = [(c, k) for c in concs for k in range(resolved.max_draft_len + 1)]
