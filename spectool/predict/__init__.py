@@ -19,6 +19,7 @@ API for the CLI (each integration is a few lines)::
     for line in describe(pred): print(line)                  # "c=8: speculation pays if at
                                                              #  least 2.31 tokens per step..."
     # tune --predict-only / serve's "predicted, not measured" gate: with acceptance
+    acc = acceptance_from_tune(Path("run/tune.json"), concurrency=8)  # best: measured
     acc = Acceptance.from_counts(position_counts)            # decide.acceptance.PositionCounts
     acc = Acceptance.from_length(2.8, k=3, source="--acceptance-length")
     acc = Acceptance.from_rate(0.7, source="published: <url>")
@@ -31,7 +32,8 @@ API for the CLI (each integration is a few lines)::
 
     # calibration: engine defaults (ENGINE_DEFAULTS), refit from tune cells on this machine,
     # or the CPU probe for the embedded engine (imports torch, lazily)
-    fit = fit_step_points(geom, hardware, ENGINE_DEFAULTS["trtllm"], [(b, t, step_ms), ...],
+    fit = fit_step_points(geom, hardware, ENGINE_DEFAULTS["trtllm"],
+                          step_points_from_tune(Path("run/tune.json")),  # (b, t, ms) points
                           context=1024)                       # fit.factors, fit.describe()
     from spectool.predict.probe import probe_cpu              # ~2-5 s
     probe = probe_cpu(geom, intermediate_size=..., num_kv_heads=..., vocab_size=...)
@@ -68,6 +70,7 @@ from spectool.predict.model import (
     predict,
     speedup,
 )
+from spectool.predict.tune_input import acceptance_from_tune, step_points_from_tune
 
 __all__ = [
     "ENGINES",
@@ -82,6 +85,8 @@ __all__ = [
     "KPrediction",
     "Prediction",
     "Setup",
+    "acceptance_from_tune",
+    "step_points_from_tune",
     "StepCost",
     "as_dict",
     "break_even_concurrency",

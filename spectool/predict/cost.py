@@ -95,6 +95,8 @@ class EngineFactors:
     ``layer_overhead_s``: per decoder layer per forward (kernel launches; ~0 with CUDA graphs).
     ``moe_layer_overhead_s``: extra per MoE layer per forward (routing top-k, token sort and
     alignment, the grouped-GEMM launch: kernels that move few bytes but take time).
+    ``multi_token_forward_s``: extra per forward when sequences carry more than one token
+    (building the causal mask, picking the positions that reach the LM head).
     ``multi_token_layer_s``: extra per layer when sequences carry more than one token (verify
     and catch-up forwards: attention with a causal mask instead of the decode kernel).
     ``seq_overhead_s``: per sequence per forward (host bookkeeping, per-row sampling).
@@ -110,6 +112,7 @@ class EngineFactors:
     forward_overhead_s: float = 0.0
     layer_overhead_s: float = 0.0
     multi_token_layer_s: float = 0.0
+    multi_token_forward_s: float = 0.0
     moe_layer_overhead_s: float = 0.0
     seq_overhead_s: float = 0.0
     spec_overhead_s: float = 0.0
@@ -222,6 +225,7 @@ def forward_cost(
     per_layer = f.layer_overhead_s + (f.multi_token_layer_s if tokens > 1 else 0.0)
     overhead = (
         f.forward_overhead_s
+        + (f.multi_token_forward_s if tokens > 1 else 0.0)
         + geom.num_layers * per_layer
         + geom.moe_layers * f.moe_layer_overhead_s
         + batch * f.seq_overhead_s

@@ -48,7 +48,8 @@ class ProbeResult:
             f"bandwidth {self.hardware.bandwidth / 1e9:.1f} GB/s, matmul "
             f"{self.hardware.flops16 / 1e9:.1f} GFLOP/s, layer overhead "
             f"{f.layer_overhead_s * 1e6:.0f} us (+{f.multi_token_layer_s * 1e6:.0f} us "
-            f"multi-token), forward overhead {f.forward_overhead_s * 1e6:.0f} us, per sequence "
+            f"multi-token), forward overhead {f.forward_overhead_s * 1e6:.0f} us "
+            f"(+{f.multi_token_forward_s * 1e6:.0f} us multi-token), per sequence "
             f"{f.seq_overhead_s * 1e6:.0f} us; probe took {self.seconds:.1f} s"
         )
 
@@ -66,23 +67,21 @@ def _best_time(fn: Callable[[], object], repeats: int, inner: int = 1) -> float:
     return best
 
 
-def _lstsq(rows: list[list[float]], ys: list[float]) -> list[float]:
-    """Least squares by normal equations (tiny systems, pure Python)."""
-    n = len(rows[0])
-    ata = [[sum(r[i] * r[j] for r in rows) for j in range(n)] for i in range(n)]
-    aty = [sum(r[i] * y for r, y in zip(rows, ys, strict=True)) for i in range(n)]
-    # Gauss-Jordan elimination with partial pivoting.
-    m = [row[:] + [v] for row, v in zip(ata, aty, strict=True)]
-    for col in range(n):
-        piv = max(range(col, n), key=lambda r: abs(m[r][col]))
-        m[col], m[piv] = m[piv], m[col]
-        if abs(m[col][col]) < 1e-30:
-            continue
-        for r in range(n):
-            if r != col:
-                fac = m[r][col] / m[col][col]
-                m[r] = [a - fac * b for a, b in zip(m[r], m[col], strict=True)]
-    return [m[i][n] / m[i][i] if abs(m[i][i]) > 1e-30 else 0.0 for i in range(n)]
+def _robust_line(points: list[tuple[float, bool, float]]) -> tuple[float, float, float]:
+    """``y = a + c x + m [multi]`` from ``(x, multi, y)`` points, robustly: ``c`` is the median
+    of the slopes between points of the same kind, ``a`` and ``m`` medians of what is left (one
+    point inflated by a burst of load moves none of them much)."""
+    slopes = [
+        (yj - yi) / (xj - xi)
+        for i, (xi, mi, yi) in enumerate(points)
+        for xj, mj, yj in points[i + 1 :]
+        if mi == mj and xj != xi
+    ]
+    c = max(statistics.median(slopes), 1e-12) if slopes else 1e-12
+    single = [y - c * x for x, multi, y in points if not multi]
+    a = statistics.median(single)
+    multi = [y - c * x - a for x, is_multi, y in points if is_multi]
+    return a, c, max(0.0, statistics.median(multi)) if multi else 0.0
 
 
 def probe_cpu(
@@ -151,7 +150,7 @@ def probe_cpu(
         return forward
 
     layer_ms: dict[tuple[int, int], float] = {}
-    rest: list[tuple[int, float]] = []
+    rest: list[tuple[int, bool, float]] = []
     best = {(g, n): float("inf") for g in GRID for n in (1, DEEP)}
     with torch.inference_mode():
         # Shallow and deep calls alternate, so both see the same load; the grid is swept
@@ -169,18 +168,18 @@ def probe_cpu(
             batch, tokens = g
             per_layer = max((best[(g, DEEP)] - best[(g, 1)]) / (DEEP - 1), 1e-7)
             layer_ms[g] = per_layer * 1e3
-            rest.append((batch * tokens, best[(g, 1)] - per_layer))
+            rest.append((batch * tokens, tokens > 1, best[(g, 1)] - per_layer))
     # 2. per layer: a + n c + m [tokens > 1]
-    rows = [[1.0, float(b * t), 1.0 if t > 1 else 0.0] for b, t in GRID]
-    a, c, m = _lstsq(rows, [layer_ms[g] / 1e3 for g in GRID])
-    c = max(c, 1e-9)
+    a, c, m = _robust_line([(b * t, t > 1, layer_ms[(b, t)] / 1e3) for b, t in GRID])
     layer_params = (geom.dense_params - geom.lm_head_params) / geom.num_layers
     flops = 2 * layer_params / c
     layer_overhead = max(0.0, a - layer_params * geom.weight_bytes_per_param / bandwidth)
     # 3. the rest of a forward: embedding, norm, LM head (its FLOPs at the same rate)
     lm_flops = 2 * geom.lm_head_params
     lm_bytes = geom.lm_head_params * geom.weight_bytes_per_param
-    step_fixed = statistics.median(r - n * lm_flops / flops - lm_bytes / bandwidth for n, r in rest)
+    left = [(n, multi, r - n * lm_flops / flops - lm_bytes / bandwidth) for n, multi, r in rest]
+    forward_fixed = statistics.median(r for _, multi, r in left if not multi)
+    multi_forward = statistics.median(r for _, multi, r in left if multi) - forward_fixed
 
     # 4. host work per sequence: arg-max over the vocabulary and a list of ids
     def argmax(n: int) -> Callable[[], object]:
@@ -194,7 +193,8 @@ def probe_cpu(
         bw_fraction=1.0,
         flops_fraction=1.0,
         step_overhead_s=0.0,
-        forward_overhead_s=max(0.0, step_fixed) + t1,
+        forward_overhead_s=max(0.0, forward_fixed) + t1,
+        multi_token_forward_s=max(0.0, multi_forward),
         layer_overhead_s=layer_overhead,
         multi_token_layer_s=max(0.0, m),
         seq_overhead_s=per_seq,
