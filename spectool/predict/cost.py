@@ -100,6 +100,8 @@ class EngineFactors:
     ``multi_token_layer_s``: extra per layer when sequences carry more than one token (verify
     and catch-up forwards: attention with a causal mask instead of the decode kernel).
     ``seq_overhead_s``: per sequence per forward (host bookkeeping, per-row sampling).
+    ``seq_layer_overhead_s``: per sequence per layer (a CPU gathering each sequence's KV rows
+    and running its attention separately; ~0 on GPUs, where the KV bytes cover it).
     ``spec_overhead_s`` / ``spec_seq_overhead_s``: per speculative step, fixed and per sequence
     (acceptance, KV rollback). ``allreduce_s``: latency of one all-reduce; ``link_fraction``:
     achieved share of GPU-to-GPU bandwidth. ``overlap``: roofline max (GPU) or sum (a CPU that
@@ -115,6 +117,7 @@ class EngineFactors:
     multi_token_forward_s: float = 0.0
     moe_layer_overhead_s: float = 0.0
     seq_overhead_s: float = 0.0
+    seq_layer_overhead_s: float = 0.0
     spec_overhead_s: float = 0.0
     spec_seq_overhead_s: float = 0.0
     allreduce_s: float = 10e-6
@@ -228,7 +231,7 @@ def forward_cost(
         + (f.multi_token_forward_s if tokens > 1 else 0.0)
         + geom.num_layers * per_layer
         + geom.moe_layers * f.moe_layer_overhead_s
-        + batch * f.seq_overhead_s
+        + batch * (f.seq_overhead_s + geom.num_layers * f.seq_layer_overhead_s)
     )
     allreduce = 0.0
     if tp > 1:

@@ -50,7 +50,8 @@ class ProbeResult:
             f"{f.layer_overhead_s * 1e6:.0f} us (+{f.multi_token_layer_s * 1e6:.0f} us "
             f"multi-token), forward overhead {f.forward_overhead_s * 1e6:.0f} us "
             f"(+{f.multi_token_forward_s * 1e6:.0f} us multi-token), per sequence "
-            f"{f.seq_overhead_s * 1e6:.0f} us; probe took {self.seconds:.1f} s"
+            f"{f.seq_overhead_s * 1e6:.0f} us + {f.seq_layer_overhead_s * 1e6:.1f} us per layer; "
+            f"probe took {self.seconds:.1f} s"
         )
 
 
@@ -67,21 +68,24 @@ def _best_time(fn: Callable[[], object], repeats: int, inner: int = 1) -> float:
     return best
 
 
-def _robust_line(points: list[tuple[float, bool, float]]) -> tuple[float, float, float]:
-    """``y = a + c x + m [multi]`` from ``(x, multi, y)`` points, robustly: ``c`` is the median
-    of the slopes between points of the same kind, ``a`` and ``m`` medians of what is left (one
-    point inflated by a burst of load moves none of them much)."""
-    slopes = [
-        (yj - yi) / (xj - xi)
-        for i, (xi, mi, yi) in enumerate(points)
-        for xj, mj, yj in points[i + 1 :]
-        if mi == mj and xj != xi
+def _lstsq(rows: list[list[float]], ys: list[float]) -> list[float]:
+    """Least squares by the normal equations (a handful of unknowns, pure Python)."""
+    n = len(rows[0])
+    m = [
+        [sum(r[i] * r[j] for r in rows) for j in range(n)]
+        + [sum(r[i] * y for r, y in zip(rows, ys, strict=True))]
+        for i in range(n)
     ]
-    c = max(statistics.median(slopes), 1e-12) if slopes else 1e-12
-    single = [y - c * x for x, multi, y in points if not multi]
-    a = statistics.median(single)
-    multi = [y - c * x - a for x, is_multi, y in points if is_multi]
-    return a, c, max(0.0, statistics.median(multi)) if multi else 0.0
+    for col in range(n):  # Gauss-Jordan with partial pivoting
+        piv = max(range(col, n), key=lambda r: abs(m[r][col]))
+        m[col], m[piv] = m[piv], m[col]
+        if abs(m[col][col]) < 1e-30:
+            continue
+        for r in range(n):
+            if r != col:
+                fac = m[r][col] / m[col][col]
+                m[r] = [x - fac * y for x, y in zip(m[r], m[col], strict=True)]
+    return [m[i][n] / m[i][i] if abs(m[i][i]) > 1e-30 else 0.0 for i in range(n)]
 
 
 def probe_cpu(
@@ -169,11 +173,17 @@ def probe_cpu(
             per_layer = max((best[(g, DEEP)] - best[(g, 1)]) / (DEEP - 1), 1e-7)
             layer_ms[g] = per_layer * 1e3
             rest.append((batch * tokens, tokens > 1, best[(g, 1)] - per_layer))
-    # 2. per layer: a + n c + m [tokens > 1]
-    a, c, m = _robust_line([(b * t, t > 1, layer_ms[(b, t)] / 1e3) for b, t in GRID])
+    # 2. per layer: fitted by least squares on the fastest timings
+    # per layer: a + c (tokens) + s (sequences: each one's KV gather and attention) + m [t > 1]
+    a, c, seq, m = _lstsq(
+        [[1.0, float(b * t), float(b), 1.0 if t > 1 else 0.0] for b, t in GRID],
+        [layer_ms[g] / 1e3 for g in GRID],
+    )
+    c = max(c, 1e-12)
     layer_params = (geom.dense_params - geom.lm_head_params) / geom.num_layers
     flops = 2 * layer_params / c
     layer_overhead = max(0.0, a - layer_params * geom.weight_bytes_per_param / bandwidth)
+    kv_layer_bytes = geom.kv_bytes_per_token / geom.num_layers
     # 3. the rest of a forward: embedding, norm, LM head (its FLOPs at the same rate)
     lm_flops = 2 * geom.lm_head_params
     lm_bytes = geom.lm_head_params * geom.weight_bytes_per_param
@@ -197,6 +207,8 @@ def probe_cpu(
         multi_token_forward_s=max(0.0, multi_forward),
         layer_overhead_s=layer_overhead,
         multi_token_layer_s=max(0.0, m),
+        # the KV bytes of a sequence's context are already in forward_cost's memory term
+        seq_layer_overhead_s=max(0.0, seq - context * kv_layer_bytes / bandwidth),
         seq_overhead_s=per_seq,
         spec_overhead_s=t1,
         spec_seq_overhead_s=per_seq,
