@@ -13,7 +13,10 @@ Per-user speed-up at concurrency ``c`` and draft length ``k``::
 * ``eagle3`` / ``eagle``: ``k`` forwards of the head (its decoder layer, ``fc`` and the
   draft-vocabulary LM head are all in its geometry), the first over the ``AL`` tokens confirmed
   last step;
-* ``mtp``: ``k`` forwards of one MTP layer (the target's geometry cut to one layer, its LM head);
+* ``mtp``: ``k`` forwards of one MTP layer (the target's geometry cut to one layer, its LM head):
+  TensorRT-LLM's default for a checkpoint with one MTP layer replays it ``k`` times
+  (``MTPDecodingConfig``, ``MTP_EAGLE_ONE_MODEL``; NVIDIA/TensorRT-LLM
+  ``tensorrt_llm/llmapi/llm_args.py`` @ 0004396, ~1.4 dev);
 * ``ngram``: 0 (prompt lookup on the host; its cost is in the coordination overhead);
 * ``medusa``: ``k`` LM-head-sized heads in one pass.
 

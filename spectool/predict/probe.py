@@ -6,10 +6,11 @@ A few seconds of micro-measurements, none of them a decode of the model being pr
    a 20 MB model on a big L3 reads faster than DRAM);
 2. the engine's decoder layer at the model's shapes, with random float16-exact weights (so the
    same fbgemm kernel runs), built with 1 and with 5 layers: the difference is the time of one
-   layer, fitted per (batch, tokens) as ``a + n x c`` plus ``m`` when a call carries more than
-   one token per sequence (the attention-mask path): ``c`` gives the FLOP rate at these shapes,
-   ``a`` the per-layer overhead (its weight reads taken off at the measured bandwidth), ``m``
-   the per-layer cost of a multi-token (verify / catch-up) forward;
+   layer, fitted over (batch b, tokens t) as ``a + (b t) c + b s`` plus ``m`` when a call
+   carries more than one token per sequence (the attention-mask path): ``c`` gives the FLOP
+   rate at these shapes, ``a`` the per-layer overhead (its weight reads taken off at the
+   measured bandwidth), ``s`` the per-sequence cost (KV gather and attention, its KV bytes taken
+   off), ``m`` the per-layer cost of a multi-token (verify / catch-up) forward;
 3. what a forward costs besides its layers (embedding, final norm, LM head, masks): the 1-layer
    model minus one layer, the LM head's FLOPs taken off;
 4. the host's per-sequence work per step (arg-max over the vocabulary, token bookkeeping).
@@ -100,14 +101,35 @@ def probe_cpu(
     threads: int | None = 1,
 ) -> ProbeResult:
     """Measure this CPU at ``geom``'s shapes (the engine's float32 compute with float16-packed
-    weights); returns hardware figures and torch-cpu :class:`EngineFactors` for it."""
+    weights); returns hardware figures and torch-cpu :class:`EngineFactors` for it.
+
+    ``threads``: torch threads while probing (the engine's setting; restored afterwards).
+    """
+    import torch
+
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _probe(geom, intermediate_size, num_kv_heads, vocab_size, context, repeats, passes)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _probe(
+    geom: Geometry,
+    intermediate_size: int,
+    num_kv_heads: int,
+    vocab_size: int,
+    context: int,
+    repeats: int,
+    passes: int,
+) -> ProbeResult:
     import torch
 
     from spectool.engine.model import ModelArgs, Transformer
 
     start = time.perf_counter()
-    if threads is not None:
-        torch.set_num_threads(threads)
     gen = torch.Generator().manual_seed(0)
 
     # 1. bandwidth at the model's working-set size
