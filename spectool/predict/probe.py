@@ -31,7 +31,19 @@ from spectool.predict.geometry import Geometry
 # (batch, tokens per sequence) points the layer is timed at.
 # The deep probe model's layer count (the shallow one has 1): the difference is DEEP - 1 layers.
 DEEP = 5
-GRID: tuple[tuple[int, int], ...] = ((1, 1), (4, 1), (8, 1), (1, 3), (1, 5), (4, 3), (8, 5))
+GRID: tuple[tuple[int, int], ...] = (
+    (1, 1),
+    (2, 1),
+    (4, 1),
+    (8, 1),
+    (1, 2),
+    (1, 3),
+    (1, 5),
+    (4, 2),
+    (4, 3),
+    (8, 2),
+    (8, 5),
+)
 
 
 @dataclass(frozen=True)
@@ -96,7 +108,7 @@ def probe_cpu(
     num_kv_heads: int,
     vocab_size: int,
     context: int = 128,
-    repeats: int = 12,
+    repeats: int = 10,
     passes: int = 3,
     threads: int | None = 1,
 ) -> ProbeResult:
