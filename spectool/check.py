@@ -10,17 +10,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from spectool import methods
 from spectool.ckpt.inspect import Checkpoint
 from spectool.ckpt.refs import resolve_checkpoint
-from spectool.compat import METHODS, check_pair, resolve_method
+from spectool.compat import check_pair, resolve_method
 from spectool.errors import BadInputError
 from spectool.findings import Finding, Severity, error, info, sort_findings
 from spectool.memory import GIB, MemoryEstimate, estimate_memory, memory_findings
 
 ENGINES = ("trtllm", "torch", "none")
 DEFAULT_PROFILE = "demo"
-# What spectool's embedded engine runs.
-TORCH_ENGINE_METHODS = ("draft_model", "ngram")
+# What spectool's embedded engine runs (spectool.methods: engines containing "torch").
+TORCH_ENGINE_METHODS = methods.engine_methods("torch")
 TORCH_ENGINE_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 DEFAULT_MAX_SEQ_LEN = 8192
 # Judged against when TensorRT-LLM is not installed and no --trtllm-version is given: the newest
@@ -129,10 +130,8 @@ def run_check(req: CheckRequest) -> CheckReport:
         raise BadInputError(
             "--engine", f"unknown engine {req.engine!r}; choose from {', '.join(ENGINES)}"
         )
-    if req.method != "auto" and req.method not in METHODS:
-        raise BadInputError(
-            "--method", f"unknown method {req.method!r}; choose from auto, {', '.join(METHODS)}"
-        )
+    if req.method != "auto" and not methods.is_method(req.method):
+        raise BadInputError("--method", methods.unknown_method_problem(req.method))
     if req.trtllm_backend not in ("pytorch", "tensorrt"):
         raise BadInputError(
             "--trtllm-backend",
@@ -218,7 +217,7 @@ def _torch_engine_rules(
     method: str, target: Checkpoint, drafter: Checkpoint | None
 ) -> list[Finding]:
     findings: list[Finding] = []
-    if method not in TORCH_ENGINE_METHODS:
+    if "torch" not in methods.get(method).engines:
         findings.append(
             error(
                 "UNSUPPORTED_BY_ENGINE",
@@ -228,7 +227,7 @@ def _torch_engine_rules(
         )
     for role, ckpt in (
         ("target", target),
-        ("drafter", drafter if method == "draft_model" else None),
+        ("drafter", drafter if "standalone_drafter" in methods.get(method).needs else None),
     ):
         if ckpt is not None and ckpt.architecture not in TORCH_ENGINE_ARCHITECTURES:
             findings.append(

@@ -23,11 +23,12 @@ import importlib.resources
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from spectool import methods
 from spectool.errors import ProfileError
 
 if TYPE_CHECKING:
@@ -40,10 +41,9 @@ DATA_PACKAGE = "spectool.profile_data"
 # Where that folder sits in a source checkout that is not installed.
 _CHECKOUT_PROFILES = Path(__file__).resolve().parent.parent / "profiles"
 
-Method = Literal["eagle3", "eagle", "draft_model", "mtp", "ngram", "medusa"]
-METHODS: tuple[str, ...] = ("eagle3", "eagle", "draft_model", "mtp", "ngram", "medusa")
-# Methods whose drafts come from the target itself or from text: they name no drafter.
-METHODS_WITHOUT_DRAFTER: frozenset[str] = frozenset({"mtp", "ngram"})
+# The method names and which take no drafter come from spectool.methods.
+METHODS: tuple[str, ...] = methods.METHODS
+METHODS_WITHOUT_DRAFTER: frozenset[str] = methods.METHODS_WITHOUT_DRAFTER
 
 _VENDOR_WORDS = frozenset({"nvidia", "geforce", "tesla"})
 # A Hugging Face repo id ("owner/name") or one of spectool's embedded models ("spectool:name").
@@ -115,7 +115,7 @@ class Recipe(BaseModel):
     name: str = Field(min_length=1)
     target: str
     drafter: str | None
-    method: Method
+    method: str
     max_draft_len: int = Field(ge=1, le=64)
     notes: str = Field(min_length=1)
     source: str
@@ -125,6 +125,13 @@ class Recipe(BaseModel):
     def _model_ref(cls, value: str | None) -> str | None:
         if value is not None and not _MODEL_REF.match(value):
             raise ValueError(f"{value!r} is not a repo id 'owner/name' or 'spectool:<name>'")
+        return value
+
+    @field_validator("method")
+    @classmethod
+    def _known_method(cls, value: str) -> str:
+        if not methods.is_method(value):
+            raise ValueError(f"unknown method {value!r}; expected one of {', '.join(METHODS)}")
         return value
 
     @field_validator("source")

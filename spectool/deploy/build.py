@@ -498,7 +498,7 @@ def torch_engine_configs(
     report: CheckReport, limits: LimitsRecord, gate: _Gate
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(speculative, baseline) EngineConfig fields for the embedded engine, validated."""
-    from spectool.engine.engine import EngineConfig
+    from spectool.deploy.engine_config import validate_engine_config
 
     common = {"max_batch_size": limits.max_batch_size, "max_seq_len": limits.max_seq_len}
     schedule = gate.kwargs.get("draft_len_schedule")
@@ -511,12 +511,7 @@ def torch_engine_configs(
     speculative.update(common)
     baseline = {"method": "none", **common}  # no draft length: it does not speculate
     for config in (speculative, baseline):
-        sched = config.get("draft_len_schedule")
-        fields = {
-            **config,
-            "draft_len_schedule": {int(b): k for b, k in sched.items()} if sched else None,
-        }
-        EngineConfig(**fields)  # raises ConfigError for anything the engine would refuse
+        validate_engine_config(config)  # ConfigError for anything the engine would refuse
     return speculative, baseline
 
 
@@ -632,8 +627,10 @@ def plan_build(inputs: BuildInputs) -> BuildPlan:
         files[spec_name] = _json_bytes(speculative)
         files[base_name] = _json_bytes(baseline)
         prefix = launch.SPECTOOL_ARGV
-        serve = launch.torch_server_argv(prefix, target_model, drafter_model, speculative)
-        serve_base = launch.torch_server_argv(prefix, target_model, None, baseline)
+        serve = launch.torch_server_argv(
+            prefix, target_model, drafter_model, report.method, out / spec_name
+        )
+        serve_base = launch.torch_server_argv(prefix, target_model, None, "none", out / base_name)
     if inputs.gpu.spec is not None and inputs.gpu.detected:
         here = inputs.gpu.detected[0]
         if here.spec is None or here.spec.name != inputs.gpu.spec.name:

@@ -55,10 +55,12 @@ from importlib import resources
 from types import MappingProxyType
 from typing import Any, Literal
 
+from spectool import methods
 from spectool.errors import ConfigError
 
 RELEASES: tuple[str, ...] = ("0.21", "1.0", "1.1", "1.2", "main")
-METHODS: tuple[str, ...] = ("eagle3", "eagle", "draft_model", "mtp", "ngram", "medusa")
+# The universe of method names is spectool.methods'; which release runs which is decided here.
+METHODS: tuple[str, ...] = methods.METHODS
 BACKENDS: tuple[str, ...] = ("pytorch", "tensorrt")
 DRAFTER_KINDS: tuple[str, ...] = ("causal_lm", "eagle1", "eagle3", "medusa", "mtp")
 

@@ -269,11 +269,14 @@ def test_torch_engine_build_records_the_embedded_engine_config(tiny_pair, tmp_pa
         None,
         {"kind": "max_concurrency", "off_above": 4, "drafter_path": None},
     )
-    assert m["commands"]["serve"][:4] == ["spectool", "serve", str(target), str(drafter)]
-    assert (
-        "--max-concurrency" in m["commands"]["serve"]
-        and "--method" in m["commands"]["serve_baseline"]
+    serve, serve_base = m["commands"]["serve"], m["commands"]["serve_baseline"]
+    assert serve[:4] == ["spectool", "serve", str(target), str(drafter)]
+    # the server reads the build's files themselves (the gate is in them), no flag round trip
+    assert serve[serve.index("--engine-config") + 1] == str(out.resolve() / "speculative.json")
+    assert serve_base[serve_base.index("--engine-config") + 1] == str(
+        out.resolve() / "baseline.json"
     )
+    assert str(drafter) not in serve_base and "--method" not in serve + serve_base
 
 
 def test_gpu_is_required_for_tensorrt_llm_builds() -> None:

@@ -7,6 +7,7 @@ torch`` on tiny random models, so every path runs on a CPU.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -118,7 +119,8 @@ def test_serve_build_ready_answers_then_sigterm_leaves_no_process(
                 parent.wait()
     assert group_members(child) == []  # the child and anything it started are gone
     log = err.read_text()
-    assert "unmeasured" in log and "--method draft_model" in log and "--log-level warning" in log
+    assert "unmeasured" in log and "--log-level warning" in log
+    assert f"--engine-config {torch_build.resolve() / 'speculative.json'}" in log
     assert "spectool server stopped" in log
 
 
@@ -189,10 +191,8 @@ def test_cost_gate_picks_the_config_and_says_why(
     plan = prepare_serve(out, facts=NO_GPU, port=9000)
     assert not plan.gate.speculate and "ratio 1.150" in plan.gate.reason
     assert plan.command.config_file == "baseline.json"
-    assert (
-        "--method" in plan.command.argv
-        and plan.command.argv[plan.command.argv.index("--method") + 1] == "none"
-    )
+    argv = plan.command.argv
+    assert argv[argv.index("--engine-config") + 1] == str(out.resolve() / "baseline.json")
     assert str(drafter) not in plan.command.argv
     forced = prepare_serve(out, facts=NO_GPU, speculation="on")
     assert forced.gate.speculate and forced.gate.warn and str(drafter) in forced.command.argv
@@ -220,7 +220,9 @@ def test_cost_gate_picks_the_config_and_says_why(
     under_load = prepare_serve(out, facts=NO_GPU, expected_concurrency=16)
     assert under_load.gate.speculate and "turns it off above batch size 4" in under_load.gate.reason
     argv = under_load.command.argv
-    assert argv[argv.index("--max-concurrency") + 1] == "4"
+    config = Path(argv[argv.index("--engine-config") + 1])
+    assert config.name == "speculative.json"
+    assert json.loads(config.read_text())["max_concurrency"] == 4  # read by the child as is
     assert not prepare_serve(out, facts=NO_GPU, speculation="off").gate.speculate
 
 
