@@ -3,7 +3,6 @@
 Modules, one concept each: :mod:`~spectool.deploy.decision` (a tune decision as build and serve
 read it), :mod:`~spectool.deploy.manifest` (what a build folder records),
 :mod:`~spectool.deploy.build` (check, fit to the GPU, render and write a build folder),
-:mod:`~spectool.deploy.trt_engine` (legacy TensorRT engine build commands),
 :mod:`~spectool.deploy.machine` (does this machine match a build?),
 :mod:`~spectool.deploy.gate` (the cost gate: serve with speculation or without),
 :mod:`~spectool.deploy.launch` (the child command for a build folder) and

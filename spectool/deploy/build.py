@@ -11,7 +11,7 @@ Three steps, so the command can show the checker's findings and stop before anyt
    and ``manifest.json``.
 3. :func:`write_build` writes them atomically, refusing to replace a different build without
    ``force``; :func:`run_engine_steps` runs the legacy TensorRT engine commands planned by
-   :mod:`spectool.deploy.trt_engine` where that backend is used.
+   :mod:`spectool.trtllm.engine_build` where that backend is used.
 
 Limits (PyTorch backend), from the memory estimate of the check
 (:mod:`spectool.memory`, per GPU after TP, at ``max_seq_len``):
@@ -69,7 +69,6 @@ from spectool.deploy.manifest import (
     reproducible_ref,
     sha256_hex,
 )
-from spectool.deploy.trt_engine import CKPT_TMP, engine_steps
 from spectool.errors import BadInputError, EngineMissingError, OutputExistsError
 from spectool.gpu import DetectedGpu
 from spectool.io import atomic_write_bytes
@@ -81,6 +80,7 @@ from spectool.memory import (
     MemoryEstimate,
 )
 from spectool.profiles import GpuSpec
+from spectool.trtllm.engine_build import CKPT_TMP, engine_steps
 
 ENGINES = ("trtllm", "torch")
 DEFAULT_MAX_BATCH_CAP = 2048  # TensorRT-LLM's LlmArgs default max_batch_size

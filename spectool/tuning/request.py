@@ -16,7 +16,6 @@ profile with no models at all) and must pass the check for the engine (exit 1 ot
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,7 +141,14 @@ def resolve_engine(engine: str) -> str:
         raise BadInputError("--engine", f"expected one of {', '.join(ENGINES)}, got {engine!r}")
     if engine != "auto":
         return engine
-    return "trtllm" if shutil.which("trtllm-serve") else "torch"
+    from spectool.errors import EngineMissingError
+    from spectool.trtllm.launch import find_trtllm_serve
+
+    try:
+        find_trtllm_serve()
+    except EngineMissingError:
+        return "torch"
+    return "trtllm"
 
 
 def _check_numbers(req: TuneRequest) -> None:
