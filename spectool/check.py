@@ -7,7 +7,7 @@ embedded engine) -> memory estimate for the GPU -> verdict. ``build`` and ``serv
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from spectool import methods
@@ -30,13 +30,17 @@ DEFAULT_TRTLLM_RELEASE = "1.2"
 
 
 @dataclass(frozen=True)
-class CheckRequest:
+class PairOptions:
+    """What ``check``, ``build`` and ``tune`` are all asked: the pair, the method and the
+    deployment it is judged for. :class:`CheckRequest` adds the engine; ``build``'s and
+    ``tune``'s requests extend this and turn it into one CheckRequest with
+    :meth:`check_request`."""
+
     target: str | None = None
     drafter: str | None = None
     profile: str | None = None
     method: str = "auto"
     max_draft_len: int | None = None
-    engine: str = "trtllm"
     trtllm_version: str | None = None
     trtllm_backend: str = "pytorch"
     gpu: str | None = "auto"
@@ -44,6 +48,19 @@ class CheckRequest:
     max_batch_size: int | None = None
     max_seq_len: int | None = None
     trust_remote_code: bool = False
+
+    def pair_options(self, **changes: Any) -> dict[str, Any]:
+        """These options as keyword arguments (``changes`` replace some)."""
+        return {**{f.name: getattr(self, f.name) for f in fields(PairOptions)}, **changes}
+
+    def check_request(self, engine: str, **changes: Any) -> CheckRequest:
+        """The :class:`CheckRequest` for ``engine`` (``changes`` replace some options)."""
+        return CheckRequest(engine=engine, **self.pair_options(**changes))
+
+
+@dataclass(frozen=True)
+class CheckRequest(PairOptions):
+    engine: str = "trtllm"
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ from typing import Any
 import yaml
 
 from spectool import __version__
-from spectool.check import CheckReport, CheckRequest, run_check
+from spectool.check import CheckReport, PairOptions, run_check
 from spectool.ckpt.inspect import Checkpoint
 from spectool.deploy import launch
 from spectool.deploy.decision import Decision, read_decision
@@ -94,22 +94,12 @@ TORCH_DEFAULT_MAX_SEQ_LEN = 1024
 
 
 @dataclass(frozen=True)
-class BuildRequest:
-    """Everything ``spectool build`` was asked (see the CLI for each option's meaning)."""
+class BuildRequest(PairOptions):
+    """Everything ``spectool build`` was asked (see the CLI for each option's meaning): the
+    options ``check`` shares, and where and how to build."""
 
-    target: str | None = None
-    drafter: str | None = None
-    profile: str | None = None
-    method: str = "auto"
-    max_draft_len: int | None = None
     out: Path = Path("build")
     engine: str = "trtllm"
-    trtllm_version: str | None = None
-    trtllm_backend: str = "pytorch"
-    gpu: str | None = "auto"
-    tp: int = 1
-    max_batch_size: int | None = None
-    max_seq_len: int | None = None
     decision: Path | None = None
     force: bool = False
     trust_remote_code: bool = False
@@ -211,20 +201,11 @@ def check_build(req: BuildRequest) -> BuildInputs:
     if req.engine == "torch" and max_seq_len is None:
         max_seq_len = TORCH_DEFAULT_MAX_SEQ_LEN
     report = run_check(
-        CheckRequest(
-            target=req.target,
-            drafter=req.drafter,
-            profile=req.profile,
-            method=req.method,
+        req.check_request(
+            req.engine,
             max_draft_len=max_draft_len,
-            engine=req.engine,
-            trtllm_version=req.trtllm_version,
-            trtllm_backend=req.trtllm_backend,
             gpu=gpu.spec.name if gpu.spec is not None else "auto",
-            tp=req.tp,
-            max_batch_size=req.max_batch_size,
             max_seq_len=max_seq_len,
-            trust_remote_code=req.trust_remote_code,
         )
     )
     if decision is not None and decision.method and decision.method != report.method:

@@ -61,39 +61,14 @@ class TrtllmDriver:
 
     def _plan(self, k: int) -> Any:
         """Write (once) the build folder for draft length ``k`` with build's code."""
-        from spectool.deploy.build import (
-            BuildRequest,
-            check_build,
-            plan_build,
-            run_engine_steps,
-            write_build,
-        )
+        from spectool.deploy.build import check_build, plan_build, run_engine_steps, write_build
         from spectool.errors import IncompatibleError
 
         k_build = k if k > 0 else self.resolved.max_draft_len
         if k_build in self._plans:
             return self._plans[k_build]
-        req, report = self.resolved.request, self.resolved.report
-        drafter = report.drafter.ref if report.drafter is not None else None
-        if drafter is None and report.method == "mtp":
-            drafter = "self"
         inputs = check_build(
-            BuildRequest(
-                target=report.target.ref,
-                drafter=drafter,
-                method=report.method,
-                max_draft_len=k_build,
-                out=self.build_dir(k_build),
-                engine="trtllm",
-                trtllm_version=req.trtllm_version,
-                trtllm_backend=req.trtllm_backend,
-                gpu=req.gpu,
-                tp=req.tp,
-                max_batch_size=self.resolved.build_max_batch_size,
-                max_seq_len=self.resolved.build_max_seq_len,
-                force=True,
-                trust_remote_code=req.trust_remote_code,
-            )
+            self.resolved.build_request(self.build_dir(k_build), max_draft_len=k_build)
         )
         if inputs.report.errors:
             problems = "; ".join(f.message for f in inputs.report.errors)
