@@ -6,8 +6,8 @@ the pair at ``max_draft_len = k`` with no runtime gate, and the server runs its
 ``speculative.yaml``; the baseline (``k = 0``) runs ``baseline.yaml`` of the largest ``k``'s
 folder (same limits, no ``speculative_config``). The command line comes from
 :func:`spectool.deploy.launch.trtllm_server_argv`, as ``spectool serve`` builds it, on a free
-port of 127.0.0.1. Each server is a child in its own process group (:mod:`spectool.tuning.child`),
-logging to ``DIR/logs/trtllm-k<k>.log``, stopped as a group before the next one starts.
+port of 127.0.0.1. Each server is a child in its own process group
+(:mod:`spectool.deploy.supervise`), logging to ``DIR/logs/trtllm-k<k>.log``, stopped as a group before the next one starts.
 
 Iteration stats: the rendered YAML turns on ``enable_iter_perf_stats``, so ``/metrics`` gives
 step times and ``specDecodingStats`` (acceptance length, not per position: ``tune`` then fits a
@@ -20,7 +20,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from spectool.tuning import child
+from spectool.deploy import supervise
 from spectool.tuning.driver import ServerInfo
 from spectool.tuning.request import ResolvedTune
 
@@ -108,10 +108,10 @@ class TrtllmDriver:
         )
         name = f"trtllm-serve (k={k})"
         log_path = self.log_dir / f"trtllm-k{k}.log"
-        self._proc = child.spawn(argv, name=name, log_path=log_path)
+        self._proc = supervise.spawn(argv, name=name, log_path=log_path)
         url = f"http://{HOST}:{port}"
         try:
-            ready_s = child.wait_healthy(
+            ready_s = supervise.wait_healthy(
                 url,
                 self._proc,
                 name=name,
@@ -128,7 +128,7 @@ class TrtllmDriver:
     def _stop(self) -> None:
         proc, self._proc, self._current = self._proc, None, None
         if proc is not None:
-            child.stop(proc)
+            supervise.stop(proc)
 
     def close(self) -> None:
         """Stop the running server's process group."""
