@@ -202,6 +202,12 @@ _BACKEND_MISSING = {
 _PT = "pytorch"
 _TRT = "tensorrt"
 
+# PyTorch releases that load the draft model from a local folder only: PR #10099 ("Auto download
+# speculative models from HF for pytorch backend", merged 2025-12-18) says "for the PyTorch /
+# AutoDeploy backends, the draft model for speculative decoding needs to be provided as a local
+# path"; it shipped with 1.2 (speculative_model with alias speculative_model_dir, v1.2.json).
+LOCAL_DRAFTER_RELEASES = frozenset({"0.21", "1.0", "1.1"})
+
 
 # supports_backend per decoding class [SRC llm_args.py of each generation]; 0.21 asserts the same
 # in BaseLlmArgs.validate_speculative_config.
