@@ -161,7 +161,8 @@ def run_check(req: CheckRequest) -> CheckReport:
     drafter = resolve_checkpoint(drafter_ref) if drafter_ref and drafter_ref != "self" else None
     method = resolve_method(method, target, drafter)
     if max_draft_len is None:
-        max_draft_len = (target.mtp_layers or 1) if method == "mtp" else 4
+        native = methods.get(method).uses_native_layers
+        max_draft_len = (target.mtp_layers or 1) if native else 4
     max_seq_len = req.max_seq_len or min(
         target.max_position_embeddings or DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_SEQ_LEN
     )
@@ -267,7 +268,8 @@ def _trtllm_rules(
     installed = releases.detect_installed_version()
     version = req.trtllm_version or installed
     release = releases.release_for_version(version) if version else DEFAULT_TRTLLM_RELEASE
-    drafter_kind = "mtp" if method == "mtp" else (drafter.kind if drafter else None)
+    native = methods.get(method).uses_native_layers
+    drafter_kind = "mtp" if native else (drafter.kind if drafter else None)
     findings = support_findings(
         method,
         target_architecture=target.architecture,

@@ -65,6 +65,11 @@ class Method:
         return self.drafter_kind is not None
 
     @property
+    def uses_native_layers(self) -> bool:
+        """Whether the target drafts with its own MTP layers (the drafter is "self")."""
+        return "native_mtp_layers" in self.needs
+
+    @property
     def speculates(self) -> bool:
         return self.name != NONE
 

@@ -80,7 +80,7 @@ def check_pair(
         )
         return findings
     spec = methods.get(method)
-    if "native_mtp_layers" in spec.needs:
+    if spec.uses_native_layers:
         return findings + _mtp_rules(target, drafter, max_draft_len)
     if not spec.takes_drafter:
         if drafter is not None:

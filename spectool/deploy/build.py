@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spectool import __version__
+from spectool import __version__, methods
 from spectool.check import CheckReport, PairOptions, run_check
 from spectool.ckpt.inspect import Checkpoint
 from spectool.deploy import launch
@@ -205,7 +205,7 @@ def build_argv(inputs: BuildInputs, out: Path) -> tuple[str, ...]:
     argv = ["spectool", "build", reproducible_ref(report.target)]
     if report.drafter is not None:
         argv.append(reproducible_ref(report.drafter))
-    elif report.method == "mtp":
+    elif methods.get(report.method).uses_native_layers:
         argv.append("self")
     argv += ["--engine", req.engine, "--method", report.method]
     argv += ["--max-draft-len", str(report.max_draft_len), "--out", str(out)]

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from spectool import methods
 from spectool.deploy.manifest import LimitsRecord, RuntimeGateRecord
 from spectool.errors import BadInputError
 
@@ -121,7 +122,8 @@ def path_kwargs(
         raise BadInputError(
             "--inert-gate", f"expected one of {', '.join(INERT_GATE_CHOICES)}, got {choice!r}"
         )
-    mtp_layers = report.target.mtp_layers if report.method == "mtp" else None
+    native = methods.get(report.method).uses_native_layers
+    mtp_layers = report.target.mtp_layers if native else None
     support = gate_support(release, report.method, mtp_layers=mtp_layers)
     kwargs: dict[str, Any] = {"mtp_layers": mtp_layers} if mtp_layers else {}
     info = release_info(release)

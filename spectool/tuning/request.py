@@ -119,7 +119,7 @@ class ResolvedTune:
 
         req, report = self.request, self.report
         drafter = report.drafter.ref if report.drafter is not None else None
-        if drafter is None and "native_mtp_layers" in methods.get(report.method).needs:
+        if drafter is None and methods.get(report.method).uses_native_layers:
             drafter = "self"
         return BuildRequest(
             **req.pair_options(
