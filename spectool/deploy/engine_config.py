@@ -31,6 +31,15 @@ def _int(fields: Mapping[str, Any], key: str, where: str) -> int:
     return value
 
 
+def _is_int_key(key: object) -> bool:
+    """An integer, or a JSON object key spelling one (``"4"``)."""
+    if isinstance(key, bool):
+        return False
+    if isinstance(key, int):
+        return True
+    return isinstance(key, str) and key.strip().lstrip("-").isdigit()
+
+
 def validate_engine_config(fields: Mapping[str, Any], where: str = "engine config") -> None:
     """:class:`ConfigError` for anything EngineConfig would refuse in these fields."""
     method = fields.get("method", methods.NONE)
@@ -50,6 +59,12 @@ def validate_engine_config(fields: Mapping[str, Any], where: str = "engine confi
         if not isinstance(schedule, Mapping) or not schedule:
             raise ConfigError(where, "draft_len_schedule is empty")
         for batch, draft in schedule.items():
+            if not _is_int_key(batch) or isinstance(draft, bool) or not isinstance(draft, int):
+                raise ConfigError(
+                    where,
+                    f"draft_len_schedule must map batch sizes to integers, got {batch!r}: "
+                    f"{draft!r}",
+                )
             if int(batch) < 1:
                 raise ConfigError(where, f"draft_len_schedule keys must be >= 1, got {batch}")
             if not 0 <= draft <= k:

@@ -60,6 +60,10 @@ def test_read_names_the_file_and_the_problem(tmp_path: Path) -> None:
                                 "max_seq_len": 64}))  # fmt: skip
     with pytest.raises(BadInputError, match="max_draft_len must be >= 1"):
         read_engine_config(path)
+    path.write_text(json.dumps({"method": "ngram", "max_draft_len": 2, "max_batch_size": 4,
+                                "max_seq_len": 64, "draft_len_schedule": {"x": 2}}))  # fmt: skip
+    with pytest.raises(BadInputError, match="must map batch sizes to integers"):
+        read_engine_config(path)
     path.write_text("{")
     with pytest.raises(BadInputError, match="malformed JSON"):
         read_engine_config(path)

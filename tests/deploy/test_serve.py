@@ -284,3 +284,25 @@ def test_torch_engine_runtime_gate_flags(tiny_pair: tuple[Path, Path]) -> None:
     request = torch_serve_request(target, drafter, draft_len_schedule="4:4,8:2", max_draft_len=4)
     assert (request.draft_len_schedule, request.max_concurrency) == ({4: 4, 8: 2}, None)
     assert torch_serve_request(target, drafter, max_concurrency=8).max_concurrency == 8
+
+
+def test_engine_config_file_sets_the_engine_and_refuses_flags(
+    torch_build: Path, tiny_pair: tuple[Path, Path], capsys
+) -> None:
+    """``--engine-config`` (what serve DIR hands its child) replaces the engine flags; giving
+    both, or a drafter the file's method does not use, is one line and exit 2."""
+    target, drafter = tiny_pair
+    spec, base = torch_build / "speculative.json", torch_build / "baseline.json"
+    argv = ["serve", str(target), str(drafter), "--engine", "torch", "--engine-config", str(spec)]
+    assert main([*argv, "--max-draft-len", "3"]) == 2
+    assert "--max-draft-len: is set by --engine-config" in capsys.readouterr().err
+    assert main(["serve", str(target), str(drafter), "--engine-config", str(base)]) == 2
+    assert "'none' uses no drafter" in capsys.readouterr().err
+    from spectool.deploy.engine_config import read_engine_config
+
+    request = torch_serve_request(str(target), str(drafter), engine_config=read_engine_config(spec))
+    assert (request.method, request.max_draft_len, request.max_batch_size) == (
+        "draft_model",
+        2,
+        4,
+    )
