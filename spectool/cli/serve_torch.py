@@ -51,8 +51,9 @@ class TorchServeRequest:
     default_pair: bool = False  # no TARGET given: spectool's demo pair
 
 
-def _local_folder(ref: str, role: str, kind_expected: str = methods.CAUSAL_LM) -> Path:
-    """A checkpoint folder for the embedded engine: ``spectool:NAME`` or a local folder."""
+def _local_folder(ref: str, role: str, kind_expected: str | None = methods.CAUSAL_LM) -> Path:
+    """A checkpoint folder for the embedded engine: ``spectool:NAME`` or a local folder holding
+    ``kind_expected`` weights (None: any kind, the caller checks)."""
     from spectool.ckpt.refs import BUILTIN_PREFIX, builtin_path
 
     if ref.startswith(BUILTIN_PREFIX):
@@ -68,7 +69,9 @@ def _local_folder(ref: str, role: str, kind_expected: str = methods.CAUSAL_LM) -
     return _servable(path.resolve(), ref, role, kind_expected)
 
 
-def _servable(path: Path, ref: str, role: str, kind_expected: str = methods.CAUSAL_LM) -> Path:
+def _servable(
+    path: Path, ref: str, role: str, kind_expected: str | None = methods.CAUSAL_LM
+) -> Path:
     """``path`` when it holds a model the embedded engine can load: checked before any server
     starts (config fields, weight headers, a causal LM), so a wrong folder is one line."""
     from spectool.ckpt.inspect import KIND_LABELS, inspect_folder
@@ -81,7 +84,7 @@ def _servable(path: Path, ref: str, role: str, kind_expected: str = methods.CAUS
             "nothing to serve",
         )
     kind = inspect_folder(path, ref).kind
-    if kind != kind_expected:
+    if kind_expected is not None and kind != kind_expected:
         raise CheckpointError(
             ref, f"holds {KIND_LABELS[kind]}, not a {role} model the torch engine can serve"
         )
@@ -124,7 +127,7 @@ def torch_serve_request(
     else:
         default_pair = False
     if method == "auto":
-        method = "draft_model" if drafter is not None else methods.NONE
+        method = _auto_method(drafter)
     spec = methods.get(method)
     if drafter is not None and not spec.takes_drafter:
         raise BadInputError("--method", f"{method!r} uses no drafter; drop DRAFTER")
@@ -165,6 +168,26 @@ def torch_serve_request(
         draft_len_schedule=schedule,
         default_pair=default_pair,
     )
+
+
+def _auto_method(drafter: str | None) -> str:
+    """``--method auto``: ``none`` without a drafter, else the method its weights call for, when
+    the embedded engine runs it (spectool.methods)."""
+    if drafter is None:
+        return methods.NONE
+    from spectool.ckpt.inspect import KIND_LABELS, inspect_folder
+
+    path = _local_folder(drafter, "drafter", kind_expected=None)
+    kind = inspect_folder(path, drafter).kind
+    method = methods.METHOD_FOR_KIND.get(kind)
+    if method is None or "torch" not in methods.get(method).engines:
+        runs = ", ".join(methods.engine_methods("torch"))
+        raise CheckpointError(
+            drafter,
+            f"holds {KIND_LABELS[kind]} ({method or 'no method'}); the torch engine drafts with "
+            f"{runs}: pass a draft model of the target's tokenizer, or build for TensorRT-LLM",
+        )
+    return method
 
 
 def parse_draft_len_schedule(text: str | None) -> dict[int, int] | None:

@@ -306,3 +306,16 @@ def test_engine_config_file_sets_the_engine_and_refuses_flags(
         2,
         4,
     )
+
+
+def test_auto_method_follows_the_drafters_weights(
+    tiny_pair: tuple[Path, Path], make_ckpt, capsys
+) -> None:
+    """``--method auto`` asks spectool.methods which method the drafter's weights call for; an
+    EAGLE-3 head is refused in one line while the embedded engine does not run eagle3."""
+    target, drafter = tiny_pair
+    assert torch_serve_request(str(target), str(drafter)).method == "draft_model"
+    head = make_ckpt(EAGLE3)
+    assert main(["serve", str(target), str(head), "--engine", "torch"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "(eagle3); the torch engine drafts with draft_model" in err
