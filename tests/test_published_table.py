@@ -40,7 +40,7 @@ MODEL_FIELDS = {
     "hf_repo": str, "kind": str, "params_b": float, "active_params_b": float,
     "num_hidden_layers": int, "hidden_size": int, "intermediate_size": int,
     "num_attention_heads": int, "num_key_value_heads": int, "head_dim": int, "vocab_size": int,
-    "tie_word_embeddings": bool, "source": str,
+    "tie_word_embeddings": bool, "source": str, "geometry_status": str,
 }  # fmt: skip
 MOE_FIELDS = ("num_experts", "experts_per_token", "moe_intermediate_size", "shared_experts",
               "first_k_dense_layers")  # fmt: skip
@@ -151,6 +151,9 @@ def test_every_model_and_drafter_key_exists_with_geometry() -> None:
             else:
                 assert isinstance(value, kind), f"{key}: {field}"
         assert entry["active_params_b"] <= entry["params_b"]
+        assert entry["geometry_status"] in {"read", "assumed"}
+        if entry["geometry_status"] == "assumed":
+            assert entry["kind"] != "dense" and entry["kind"] != "moe", f"{key}: targets are read"
         if entry["kind"] == "moe":
             for field in MOE_FIELDS:
                 assert isinstance(entry.get(field), int), f"{key}: {field}"
