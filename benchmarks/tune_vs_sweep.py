@@ -52,6 +52,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from spectool.decide.cost import evaluate_cell  # noqa: E402
 from spectool.decide.replay import QUALITY, VERDICT_MARGIN, compare  # noqa: E402
+from spectool.decide.stats import cell_stats  # noqa: E402
 from spectool.measure.runner import TrialResult, load_trials, measure  # noqa: E402
 from spectool.tuning.request import TuneRequest, parse_concurrencies, resolve  # noqa: E402
 from spectool.tuning.session import (  # noqa: E402
@@ -60,7 +61,6 @@ from spectool.tuning.session import (  # noqa: E402
     measurement_plan,
     run_tune,
 )
-from spectool.tuning.stats import cell_stats  # noqa: E402
 from spectool.tuning.trials import pooled_cell  # noqa: E402
 
 TIME_SHARE = 0.40

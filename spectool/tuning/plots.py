@@ -17,8 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from spectool.decide.stats import acceptance_curves
 from spectool.tuning.setup import PLOT_NAMES
-from spectool.tuning.stats import acceptance_curves
 
 if TYPE_CHECKING:
     from spectool.tuning.session import TuneOutcome

@@ -8,7 +8,7 @@ verdicts without spectool:
 * ``cells``: per measured (concurrency, k) cell its trial labels, whether it was measured in this
   run or reused from an earlier one, the cost-inequality verdict (every field of
   :class:`~spectool.decide.cost.CellVerdict`), the latency/throughput summary
-  (:class:`~spectool.tuning.stats.CellStats`) and the raw inputs: per request (send, first token,
+  (:class:`~spectool.decide.stats.CellStats`) and the raw inputs: per request (send, first token,
   end, tokens), per decode step (draft/verify/coord ms, batch, confirmed tokens) and per-position
   acceptance counts;
 * ``cost_model``, ``predictions`` (every cell of the grid), ``prediction_checks`` (predicted

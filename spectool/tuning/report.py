@@ -14,12 +14,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from spectool.decide.stats import Interval, acceptance_curves
 from spectool.io import atomic_write_text
 from spectool.tuning.setup import PLOT_NAMES, REPORT_NAME
-from spectool.tuning.stats import Interval, acceptance_curves
 
 if TYPE_CHECKING:
-    from spectool.decide.cost import CellVerdict
+    from spectool.decide.verdict import CellVerdict
     from spectool.tuning.session import TuneOutcome
 
 DASH = "–"

@@ -35,6 +35,7 @@ from typing import Protocol
 from spectool.decide.cell import CellMeasurement, pooled
 from spectool.decide.model import ScheduleSemantics
 from spectool.decide.paired import PairedCell
+from spectool.decide.stats import CellStats, cell_stats, stall_notes
 from spectool.decide.tune import TuneResult, tune
 from spectool.errors import ChildProcessError_, SpectoolError
 from spectool.io import atomic_write_text
@@ -51,7 +52,6 @@ from spectool.tuning.setup import (
     checkpoint_identity,
     prepare_out_dir,
 )
-from spectool.tuning.stats import CellStats, cell_stats, stall_notes
 from spectool.tuning.trials import CellPlan, pooled_cell
 
 CellKey = tuple[int, int]

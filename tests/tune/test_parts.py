@@ -10,6 +10,7 @@ import pytest
 from spectool.cli.app import main
 from spectool.decide.cell import CellMeasurement
 from spectool.decide.latency import RequestRecord
+from spectool.decide.stats import cell_stats
 from spectool.errors import BadInputError
 from spectool.measure.runner import TrialResult
 from spectool.tuning.prompts import BUILTIN, tune_prompts
@@ -19,7 +20,6 @@ from spectool.tuning.request import (
     parse_concurrencies,
     resolve,
 )
-from spectool.tuning.stats import cell_stats
 from spectool.tuning.trials import CellPlan, pooled_cell
 
 
