@@ -15,13 +15,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from spectool.decide.stats import acceptance_curves
+from spectool.tuning.outcome import TuneOutcome
 from spectool.tuning.setup import PLOT_NAMES
-
-if TYPE_CHECKING:
-    from spectool.tuning.session import TuneOutcome
 
 DPI = 120
 

@@ -22,17 +22,15 @@ import dataclasses
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import spectool
 from spectool.decide.cell import CellMeasurement
 from spectool.io import atomic_write_text
+from spectool.tuning.outcome import TuneOutcome
 from spectool.tuning.pairing import LOOK_EVERY, LOOKS, MAX_PAIRS
 from spectool.tuning.setup import TUNE_NAME
 from spectool.tuning.trials import BLOCK_WAVES
-
-if TYPE_CHECKING:
-    from spectool.tuning.session import TuneOutcome
 
 TUNE_FORMAT = "spectool.tune/1"
 

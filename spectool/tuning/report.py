@@ -4,7 +4,7 @@ Sections: the decision (draft length per concurrency, break-even, the files writ
 measured; runs used against the full grid; per-token latency, per-user tokens/s and throughput
 for every measured ``k`` x concurrency with bootstrap intervals; the cost inequality's terms per
 cell; predicted against measured; acceptance per position; the fitted step-cost model; notes.
-Numbers come from :class:`~spectool.tuning.session.TuneOutcome` only; nothing is recomputed here.
+Numbers come from :class:`~spectool.tuning.outcome.TuneOutcome` only; nothing is recomputed here.
 """
 
 from __future__ import annotations
@@ -12,15 +12,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from spectool.decide.stats import Interval, acceptance_curves
+from spectool.decide.verdict import CellVerdict
 from spectool.io import atomic_write_text
+from spectool.tuning.outcome import TuneOutcome
 from spectool.tuning.setup import PLOT_NAMES, REPORT_NAME
-
-if TYPE_CHECKING:
-    from spectool.decide.verdict import CellVerdict
-    from spectool.tuning.session import TuneOutcome
 
 DASH = "–"
 
