@@ -34,12 +34,14 @@ from spectool.engine.engine import Engine, EngineBusyError
 from spectool.errors import BadInputError
 from spectool.server.driver import (
     AsyncEngine,
+    RequestStream,
 )
 from spectool.server.errors import APIError, error_response, install_error_handlers
 from spectool.server.generation import check_context, generation_request
 from spectool.server.metrics import PROMETHEUS_PATH, iteration_stats_json
 from spectool.server.responses import (
     EventStreamResponse,
+    Result,
     chat_events,
     collect,
     completion_events,
@@ -196,28 +198,15 @@ def create_app(
         check_context(driver.max_seq_len, len(prompt_ids), body.max_tokens)
         stream = driver.submit(generation_request(body, prompt_ids, max_tokens, driver.vocab_size))
         rid = completion_id()
-        if body.stream:
-            events = completion_events(stream, rid, state.model_name, body)
-            return EventStreamResponse(events, stream)
-        result = await collect(stream, request)
-        if result is None:
-            return Response(status_code=499)
-        return JSONResponse(
-            CompletionResponse(
-                id=rid,
-                model=state.model_name,
-                choices=[
-                    CompletionChoice(
-                        text=result.text,
-                        finish_reason=result.finish_reason,
-                        token_ids=list(stream.token_ids) if body.return_token_ids else None,
-                    )
-                ],
-                usage=Usage.of(stream.prompt_len, result.num_output_tokens),
-                metrics=spec_metrics(stream),
-                prompt_token_ids=list(prompt_ids) if body.return_token_ids else None,
-            ).model_dump()
-        )
+        events = completion_events(stream, rid, state.model_name, body) if body.stream else None
+
+        def whole(result: Result) -> CompletionResponse:
+            fields, choice = _whole_fields(stream, result, rid, state.model_name, body, prompt_ids)
+            return CompletionResponse(
+                **fields, choices=[CompletionChoice(text=result.text, **choice)]
+            )
+
+        return await _answer(stream, request, events, whole)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
@@ -231,30 +220,57 @@ def create_app(
         max_tokens = limit if limit is not None else max(driver.max_seq_len - len(prompt_ids), 1)
         stream = driver.submit(generation_request(body, prompt_ids, max_tokens, driver.vocab_size))
         rid = chat_completion_id()
-        if body.stream:
-            events = chat_events(stream, rid, state.model_name, body)
-            return EventStreamResponse(events, stream)
-        result = await collect(stream, request)
-        if result is None:
-            return Response(status_code=499)
-        return JSONResponse(
-            ChatCompletionResponse(
-                id=rid,
-                model=state.model_name,
-                choices=[
-                    ChatChoice(
-                        message=AssistantMessage(content=result.text),
-                        finish_reason=result.finish_reason,
-                        token_ids=list(stream.token_ids) if body.return_token_ids else None,
-                    )
-                ],
-                usage=Usage.of(stream.prompt_len, result.num_output_tokens),
-                metrics=spec_metrics(stream),
-                prompt_token_ids=list(prompt_ids) if body.return_token_ids else None,
-            ).model_dump()
-        )
+        events = chat_events(stream, rid, state.model_name, body) if body.stream else None
+
+        def whole(result: Result) -> ChatCompletionResponse:
+            fields, choice = _whole_fields(stream, result, rid, state.model_name, body, prompt_ids)
+            message = AssistantMessage(content=result.text)
+            return ChatCompletionResponse(**fields, choices=[ChatChoice(message=message, **choice)])
+
+        return await _answer(stream, request, events, whole)
 
     return app
+
+
+async def _answer(
+    stream: RequestStream,
+    request: Request,
+    events: AsyncIterator[str] | None,
+    whole: Callable[[Result], BaseModel],
+) -> Response:
+    """The ``events`` as a stream when there are any, else the request run to its end and
+    answered ``whole`` (499 when the client went away first)."""
+    if events is not None:
+        return EventStreamResponse(events, stream)
+    result = await collect(stream, request)
+    if result is None:
+        return Response(status_code=499)
+    return JSONResponse(whole(result).model_dump())
+
+
+def _whole_fields(
+    stream: RequestStream,
+    result: Result,
+    rid: str,
+    model: str,
+    body: CompletionRequest | ChatCompletionRequest,
+    prompt_ids: list[int],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What a whole (not streamed) completion and chat response share: the response's fields
+    and the choice's."""
+    with_ids = body.return_token_ids
+    response = {
+        "id": rid,
+        "model": model,
+        "usage": Usage.of(stream.prompt_len, result.num_output_tokens),
+        "metrics": spec_metrics(stream),
+        "prompt_token_ids": list(prompt_ids) if with_ids else None,
+    }
+    choice = {
+        "finish_reason": result.finish_reason,
+        "token_ids": list(stream.token_ids) if with_ids else None,
+    }
+    return response, choice
 
 
 class DraftLenRequest(BaseModel):

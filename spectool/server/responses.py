@@ -8,6 +8,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from fastapi import Request
@@ -141,6 +142,28 @@ async def _events(
         stream.close()
 
 
+def _usage_event(
+    kind: type[CompletionResponse] | type[ChatCompletionChunk],
+    stream: RequestStream,
+    rid: str,
+    created: int,
+    model: str,
+) -> str:
+    """The last chunk of a stream that asked for usage: no choices, the whole request's usage
+    and speculation metrics."""
+    usage = Usage.of(stream.prompt_len, len(stream.token_ids))
+    return _sse(
+        kind(
+            id=rid,
+            created=created,
+            model=model,
+            choices=[],
+            usage=usage,
+            metrics=spec_metrics(stream),
+        )
+    )
+
+
 def completion_events(
     stream: RequestStream, rid: str, model: str, body: CompletionRequest
 ) -> AsyncIterator[str]:
@@ -160,19 +183,7 @@ def completion_events(
             CompletionResponse(id=rid, created=created, model=model, choices=[choice], usage=usage)
         )
 
-    def usage_chunk() -> str:
-        usage = Usage.of(stream.prompt_len, len(stream.token_ids))
-        return _sse(
-            CompletionResponse(
-                id=rid,
-                created=created,
-                model=model,
-                choices=[],
-                usage=usage,
-                metrics=spec_metrics(stream),
-            )
-        )
-
+    usage_chunk = partial(_usage_event, CompletionResponse, stream, rid, created, model)
     return _events(stream, body, chunk, usage_chunk)
 
 
@@ -198,18 +209,6 @@ def chat_events(
             delta.num_output_tokens,
         )
 
-    def usage_chunk() -> str:
-        usage = Usage.of(stream.prompt_len, len(stream.token_ids))
-        return _sse(
-            ChatCompletionChunk(
-                id=rid,
-                created=created,
-                model=model,
-                choices=[],
-                usage=usage,
-                metrics=spec_metrics(stream),
-            )
-        )
-
+    usage_chunk = partial(_usage_event, ChatCompletionChunk, stream, rid, created, model)
     first = chat_chunk(ChatChunkChoice(delta=ChatDelta(role="assistant", content="")))
     return _events(stream, body, chunk, usage_chunk, first)
