@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from spectool.measure.client import StreamResult
     from spectool.measure.runner import TrialConfig, TrialResult
     from spectool.tuning.driver import ServerInfo
-    from spectool.tuning.session import TuneOutcome
+    from spectool.tuning.outcome import TuneOutcome
 
 TuneEngineOpt = Annotated[
     str,
