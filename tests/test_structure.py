@@ -21,11 +21,6 @@ PENDING_SPLIT: frozenset[str] = frozenset(
     {
         "engine/engine.py",
         "engine/model.py",
-        "deploy/build.py",
-        "trtllm/releases.py",
-        "compat.py",
-        "trtllm/validate.py",
-        "cli/serve.py",
     }
 )
 

@@ -21,13 +21,13 @@ engine's runtime gate) and :mod:`spectool.deploy.render` (the config files); ste
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from spectool import __version__, methods
-from spectool.check import CheckReport, PairOptions, run_check
+from spectool.check import run_check
 from spectool.ckpt.inspect import Checkpoint
 from spectool.deploy import launch
+from spectool.deploy.build_request import BuildGpu, BuildInputs, BuildPlan, BuildRequest
 from spectool.deploy.decision import Decision, read_decision
 from spectool.deploy.limits import TORCH_DEFAULT_MAX_SEQ_LEN, fit_limits
 from spectool.deploy.machine import detect_tensorrt_version
@@ -52,7 +52,7 @@ from spectool.deploy.runtime_gate import plan_runtime_gate
 from spectool.deploy.write import existing_build_state, run_engine_steps, write_build
 from spectool.errors import BadInputError
 from spectool.gpu import DetectedGpu
-from spectool.profiles import GpuSpec
+from spectool.trtllm.engine_build import engine_steps
 
 __all__ = [
     "BuildGpu",
@@ -68,62 +68,8 @@ __all__ = [
     "run_engine_steps",
     "write_build",
 ]
-from spectool.trtllm.engine_build import engine_steps
 
 ENGINES = ("trtllm", "torch")
-
-
-@dataclass(frozen=True)
-class BuildRequest(PairOptions):
-    """Everything ``spectool build`` was asked (see the CLI for each option's meaning): the
-    options ``check`` shares, and where and how to build."""
-
-    out: Path = Path("build")
-    engine: str = "trtllm"
-    decision: Path | None = None
-    force: bool = False
-    trust_remote_code: bool = False
-    trtllm_examples: Path | None = None
-    # Where the release would ignore a runtime gate: "serve" (no gate; serve's cost gate picks
-    # the baseline above break-even) or "two-model" (EAGLE-3 two-model, where it is honoured).
-    inert_gate: str = "serve"
-    download: bool = False
-
-
-@dataclass(frozen=True)
-class BuildGpu:
-    """The GPU a build is fitted to (``spec``: spectool's table entry) and what was detected."""
-
-    spec: GpuSpec | None
-    detected: tuple[DetectedGpu, ...]
-
-
-@dataclass(frozen=True)
-class BuildInputs:
-    """The outcome of :func:`check_build`: the checker's report and what the build rests on."""
-
-    request: BuildRequest
-    report: CheckReport
-    gpu: BuildGpu
-    decision: Decision | None
-    decision_bytes: bytes | None
-
-
-@dataclass(frozen=True)
-class BuildPlan:
-    """Every file of the build folder, rendered and validated, and the engine steps to run."""
-
-    out: Path
-    files: dict[str, bytes]
-    manifest: Manifest
-    notes: tuple[str, ...]
-    steps: tuple[EngineStep, ...] = ()
-    steps_runnable: bool = True
-    warnings: tuple[str, ...] = field(default_factory=tuple)
-
-    @property
-    def manifest_bytes(self) -> bytes:
-        return self.manifest.to_bytes()
 
 
 # ---- step 1: check -----------------------------------------------------------------------------

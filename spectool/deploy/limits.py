@@ -33,7 +33,7 @@ from spectool.memory import (
 )
 
 if TYPE_CHECKING:
-    from spectool.deploy.build import BuildInputs
+    from spectool.deploy.build_request import BuildInputs
 
 DEFAULT_MAX_BATCH_CAP = 2048  # TensorRT-LLM's LlmArgs default max_batch_size
 DEFAULT_MAX_NUM_TOKENS = 8192  # TensorRT-LLM's default; the memory estimate assumes it

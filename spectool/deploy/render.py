@@ -19,7 +19,7 @@ from spectool.deploy.runtime_gate import Gate
 from spectool.errors import BadInputError
 
 if TYPE_CHECKING:
-    from spectool.deploy.build import BuildInputs, BuildRequest
+    from spectool.deploy.build_request import BuildInputs, BuildRequest
 
 
 def local_drafter(ref: str, drafter: Checkpoint, release: str, req: BuildRequest) -> str:

@@ -18,7 +18,7 @@ from spectool.deploy.manifest import LimitsRecord, RuntimeGateRecord
 from spectool.errors import BadInputError
 
 if TYPE_CHECKING:
-    from spectool.deploy.build import BuildInputs
+    from spectool.deploy.build_request import BuildInputs
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from spectool.io import atomic_write_bytes
 from spectool.trtllm.engine_build import CKPT_TMP
 
 if TYPE_CHECKING:
-    from spectool.deploy.build import BuildPlan
+    from spectool.deploy.build_request import BuildPlan
 
 
 def _differing_keys(old: bytes, new: bytes) -> list[str]:
