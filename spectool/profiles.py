@@ -100,6 +100,49 @@ class GpuSpec(BaseModel):
         return frozenset(normalize_name(n) for n in (self.name, *self.aliases))
 
 
+def _known_method(value: str) -> str:
+    """A method name of spectool.methods (pydantic validator body)."""
+    if not methods.is_method(value):
+        raise ValueError(f"unknown method {value!r}; expected one of {', '.join(METHODS)}")
+    return value
+
+
+def _check_drafter_for_method(method: str, drafter: str | None) -> None:
+    if method in METHODS_WITHOUT_DRAFTER and drafter is not None:
+        raise ValueError(f"method {method} takes no drafter (drafter: null)")
+    if method not in METHODS_WITHOUT_DRAFTER and drafter is None:
+        raise ValueError(f"method {method} needs a drafter repo id")
+
+
+class Alternative(BaseModel):
+    """Another method for a recipe's target (``alternatives:``), compared by ``spectool tune``
+    with the recipe's own (:mod:`spectool.tuning.compare`). ``max_draft_len`` None: the
+    recipe's."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    method: str
+    drafter: str | None = None
+    max_draft_len: int | None = Field(default=None, ge=1, le=64)
+
+    @field_validator("method")
+    @classmethod
+    def _method(cls, value: str) -> str:
+        return _known_method(value)
+
+    @field_validator("drafter")
+    @classmethod
+    def _model_ref(cls, value: str | None) -> str | None:
+        if value is not None and not _MODEL_REF.match(value):
+            raise ValueError(f"{value!r} is not a repo id 'owner/name' or 'spectool:<name>'")
+        return value
+
+    @model_validator(mode="after")
+    def _drafter_matches_method(self) -> Alternative:
+        _check_drafter_for_method(self.method, self.drafter)
+        return self
+
+
 class Recipe(BaseModel):
     """A named, documented target/drafter pair, from ``<name>.yaml``.
 
@@ -119,6 +162,7 @@ class Recipe(BaseModel):
     max_draft_len: int = Field(ge=1, le=64)
     notes: str = Field(min_length=1)
     source: str
+    alternatives: tuple[Alternative, ...] = ()
 
     @field_validator("target", "drafter")
     @classmethod
@@ -129,10 +173,8 @@ class Recipe(BaseModel):
 
     @field_validator("method")
     @classmethod
-    def _known_method(cls, value: str) -> str:
-        if not methods.is_method(value):
-            raise ValueError(f"unknown method {value!r}; expected one of {', '.join(METHODS)}")
-        return value
+    def _method(cls, value: str) -> str:
+        return _known_method(value)
 
     @field_validator("source")
     @classmethod
@@ -143,10 +185,10 @@ class Recipe(BaseModel):
 
     @model_validator(mode="after")
     def _drafter_matches_method(self) -> Recipe:
-        if self.method in METHODS_WITHOUT_DRAFTER and self.drafter is not None:
-            raise ValueError(f"method {self.method} takes no drafter (drafter: null)")
-        if self.method not in METHODS_WITHOUT_DRAFTER and self.drafter is None:
-            raise ValueError(f"method {self.method} needs a drafter repo id")
+        _check_drafter_for_method(self.method, self.drafter)
+        listed = [self.method, *(a.method for a in self.alternatives)]
+        if len(set(listed)) != len(listed):
+            raise ValueError(f"alternatives repeat a method: {', '.join(listed)}")
         return self
 
 

@@ -111,6 +111,7 @@ def tune(
     looks: int = 1,
     finished_pairs: Mapping[CellKey, PairedCell] | None = None,
     measure_after: Callable[[int], CellMeasurement] | None = None,
+    rival: Mapping[int, float] | None = None,
 ) -> TuneResult:
     """Search draft lengths ``0..max_draft_len`` at ``concurrencies``; see the module docstring.
 
@@ -126,6 +127,11 @@ def tune(
     earlier run. ``measure_after(c)`` measures the baseline at ``c`` once more after every
     speculative cell (the *bracketed* design, for servers that restart per draft length): each
     unpaired speculative cell is then judged against the baselines before and after it.
+
+    ``rival`` (when several methods are compared, :mod:`spectool.decide.methods`): per
+    concurrency, the per-token ratio another method already measured there (1.0 = it stays
+    off). Cells predicted more than ``close_margin`` worse than the rival are not confirmed: the
+    predictions prune them, and a note says where.
     """
     concs = tuple(sorted(set(concurrencies)))
     if not concs or concs[0] < 1:
@@ -198,6 +204,9 @@ def tune(
         writable = [
             p for p in predictions if 0 < p.k <= k1 and (p.concurrency != concs[0] or p.k == k1)
         ]
+        if rival:
+            writable, pruned = _against_rival(writable, rival, close_margin)
+            notes += pruned
         wanted = confirmation_cells(writable, close_margin, measured=set(plan))
         for key in server_order(wanted, last_k=plan[-1][1]):
             get(*key)
@@ -252,7 +261,8 @@ def tune(
             for c in concs[1:]:
                 options = [p for p in predictions if p.concurrency == c and 1 <= p.k <= k1]
                 best = min(options, key=lambda p: (p.ratio, p.k), default=None)
-                if uncapped[c] > k1 and best is not None and best.ratio < 1.0 + close_margin:
+                bar = min(1.0, (rival or {}).get(c, 1.0))
+                if uncapped[c] > k1 and best is not None and best.ratio < bar + close_margin:
                     wanted.append((c, best.k))
         extra = [key for key in dict.fromkeys(wanted) if key not in cells]
         last_k = measured_now[-1][1] if measured_now else None
@@ -311,3 +321,27 @@ def tune(
         full_grid_runs=len(grid),
         notes=tuple(notes),
     )
+
+
+def _against_rival(
+    predictions: Sequence[CellPrediction], rival: Mapping[int, float], close_margin: float
+) -> tuple[list[CellPrediction], list[str]]:
+    """The predictions worth confirming against a rival method, and a note per concurrency
+    where none is: its best prediction is more than ``close_margin`` above the rival's ratio."""
+    kept: list[CellPrediction] = []
+    notes: list[str] = []
+    for c in sorted({p.concurrency for p in predictions}):
+        at_c = [p for p in predictions if p.concurrency == c]
+        bar = rival.get(c)
+        if bar is None:
+            kept += at_c
+            continue
+        near = [p for p in at_c if p.ratio <= bar * (1.0 + close_margin)]
+        kept += near
+        if not near:
+            best = min(at_c, key=lambda p: p.ratio)
+            notes.append(
+                f"concurrency {c}: not confirmed, predicted best k={best.k} ratio "
+                f"{best.ratio:.3f} against {bar:.3f} measured for a rival method"
+            )
+    return kept, notes

@@ -28,7 +28,7 @@ deciding from the requests that happened to succeed; ``--resume`` measures such 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -110,8 +110,12 @@ def run_tune(
     *,
     progress: TuneProgress | None = None,
     should_stop: Callable[[], bool] | None = None,
+    rival: Mapping[int, float] | None = None,
 ) -> TuneOutcome:
     """Measure, decide and write every output; see the module docstring.
+
+    ``rival``: per concurrency, the ratio another method chose there, when tune compares
+    methods (:mod:`spectool.tuning.compare`); cells predicted to lose to it are not confirmed.
 
     ``should_stop`` is polled between requests, trials and cells; when it returns True the run
     stops with KeyboardInterrupt (servers stopped, finished trials kept for ``--resume``).
@@ -217,6 +221,7 @@ def run_tune(
             semantics=schedule_semantics(resolved),
             looks=LOOKS,
             measure_after=None if driver.interleaves else measure_after,
+            rival=rival,
         )
         server_starts = driver.starts
     measure_s = time.perf_counter() - measure_started

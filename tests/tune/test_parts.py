@@ -210,7 +210,7 @@ def test_after_config_is_the_baselines_first_trial_relabelled() -> None:
 
 
 def test_schedule_in_words() -> None:
-    from spectool.cli.tune import schedule_in_words
+    from spectool.cli.tune_output import schedule_in_words
 
     assert schedule_in_words({1: 4, 2: 4, 4: 4, 8: 4, 16: 4}) == "k=4 at concurrency 1-16"
     assert (
