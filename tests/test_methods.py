@@ -98,3 +98,14 @@ def test_methods_module_imports_nothing_heavy() -> None:
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_recipe_alternatives_validate_their_method_too(tmp_path) -> None:
+    from spectool.profiles import load_recipe_table
+
+    (tmp_path / "y.yaml").write_text(
+        "name: y\ntarget: o/t\ndrafter: o/d\nmethod: draft_model\nmax_draft_len: 2\n"
+        "notes: n\nsource: https://example.com\nalternatives:\n  - method: lookahead\n"
+    )
+    with pytest.raises(ProfileError, match="alternatives.0.method.*unknown method 'lookahead'"):
+        load_recipe_table(tmp_path)
