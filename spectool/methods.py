@@ -178,6 +178,23 @@ METHOD_FOR_KIND: Mapping[str, str] = MappingProxyType(
 )
 
 
+# What a drafter costs to serve, cheapest first: ties between methods that measure alike go to
+# the cheaper (spectool.decide.methods). No weights; the target's own layers' KV; heads without
+# KV; a head with its layers' KV; a whole model with its KV cache.
+_SERVING_COST: tuple[DrafterMemory, ...] = (
+    "none",
+    "native_layers_kv",
+    "head_no_kv",
+    "head",
+    "model",
+)
+
+
+def serving_cost_rank(name: str) -> int:
+    """``name``'s place in :data:`_SERVING_COST` (0 = cheapest to serve)."""
+    return _SERVING_COST.index(_BY_NAME[name].drafter_memory)
+
+
 def get(name: str) -> Method:
     """The method called ``name`` (``none`` included); :class:`KeyError` when unknown."""
     return _BY_NAME[name]

@@ -109,3 +109,12 @@ def test_recipe_alternatives_validate_their_method_too(tmp_path) -> None:
     )
     with pytest.raises(ProfileError, match="alternatives.0.method.*unknown method 'lookahead'"):
         load_recipe_table(tmp_path)
+
+
+def test_serving_cost_orders_the_drafters_cheapest_first() -> None:
+    from spectool.methods import serving_cost_rank
+
+    assert serving_cost_rank("ngram") < serving_cost_rank("mtp") < serving_cost_rank("eagle3")
+    assert (
+        serving_cost_rank("eagle3") == serving_cost_rank("eagle") < serving_cost_rank("draft_model")
+    )

@@ -24,15 +24,12 @@ from pathlib import Path
 from spectool.decide.methods import MethodChoice, choose_method, rival_ratios
 from spectool.errors import BadInputError, OutputExistsError
 from spectool.io import atomic_write_text
+from spectool.methods import serving_cost_rank
 from spectool.tuning.outcome import TuneOutcome
 from spectool.tuning.request import ResolvedTune, TuneRequest, resolve
 from spectool.tuning.setup import REPORT_NAME, has_results
 
 DEFAULT_PROFILE = "demo"
-# Ties between methods go to the one that costs least to serve: n-gram keeps no weights, MTP
-# uses the target's own layers, an EAGLE head is one decoder layer, a draft model is a whole
-# model with its own KV cache.
-SERVING_COST_ORDER = ("ngram", "mtp", "eagle3", "eagle", "medusa", "draft_model")
 COMPARISON_NAME = "methods.json"
 
 
@@ -117,7 +114,8 @@ def run_methods(
             on_message(f"method {number}/{len(resolved)}: {r.method}")
         rival = rival_ratios([o.result for o in outcomes])
         outcomes.append(run(r, rival))
-    by_cost = sorted(outcomes, key=lambda o: _cost_rank(o.resolved.method))
+    # ties go to the method that costs least to serve (spectool.methods)
+    by_cost = sorted(outcomes, key=lambda o: serving_cost_rank(o.resolved.method))
     choice = choose_method([o.result for o in by_cost], confidence=resolved[0].request.confidence)
     top = outcomes[0].out.parent
     files = write_comparison(outcomes, choice, top)
@@ -125,14 +123,6 @@ def run_methods(
         for path in files:
             on_message(f"wrote {path}")
     return MethodsOutcome(tuple(outcomes), choice, top, tuple(files), time.perf_counter() - started)
-
-
-def _cost_rank(method: str) -> int:
-    return (
-        SERVING_COST_ORDER.index(method)
-        if method in SERVING_COST_ORDER
-        else len(SERVING_COST_ORDER)
-    )
 
 
 def write_comparison(
