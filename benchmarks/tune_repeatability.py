@@ -88,8 +88,8 @@ def paired_sweep(out: Path, extra: list[str], pairs: int, seed: int) -> dict[tup
     """Every speculative cell as ``pairs`` interleaved pairs; returns the pairs per cell."""
     from spectool.decide.paired import BlockPair
     from spectool.measure.runner import measure
+    from spectool.tuning.plan import METRICS_INTERVAL_S, make_driver, measurement_plan
     from spectool.tuning.request import TuneRequest, resolve
-    from spectool.tuning.session import METRICS_INTERVAL_S, make_driver, measurement_plan
     from spectool.tuning.trials import pooled_cell
 
     request = TuneRequest(out=out, force=True, seed=seed, **_tune_fields(extra))

@@ -34,7 +34,8 @@ sys.path.insert(0, str(REPO_ROOT))
 from tune_vs_sweep import load_sweep  # noqa: E402
 
 from spectool.decide.cell import CellMeasurement  # noqa: E402
-from spectool.decide.replay import QUALITY, read_grids, replay, write_grids  # noqa: E402
+from spectool.decide.replay import QUALITY, replay  # noqa: E402
+from spectool.measure.grids import read_grids, write_grids  # noqa: E402
 from spectool.tuning.trials import pooled_cell  # noqa: E402
 
 

@@ -52,15 +52,11 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from spectool.decide.cost import evaluate_cell  # noqa: E402
 from spectool.decide.replay import QUALITY, VERDICT_MARGIN, compare  # noqa: E402
+from spectool.decide.stats import cell_stats  # noqa: E402
 from spectool.measure.runner import TrialResult, load_trials, measure  # noqa: E402
+from spectool.tuning.plan import METRICS_INTERVAL_S, make_driver, measurement_plan  # noqa: E402
 from spectool.tuning.request import TuneRequest, parse_concurrencies, resolve  # noqa: E402
-from spectool.tuning.session import (  # noqa: E402
-    METRICS_INTERVAL_S,
-    make_driver,
-    measurement_plan,
-    run_tune,
-)
-from spectool.tuning.stats import cell_stats  # noqa: E402
+from spectool.tuning.session import run_tune  # noqa: E402
 from spectool.tuning.trials import pooled_cell  # noqa: E402
 
 TIME_SHARE = 0.40

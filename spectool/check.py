@@ -7,20 +7,21 @@ embedded engine) -> memory estimate for the GPU -> verdict. ``build`` and ``serv
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
+from spectool import methods
 from spectool.ckpt.inspect import Checkpoint
 from spectool.ckpt.refs import resolve_checkpoint
-from spectool.compat import METHODS, check_pair, resolve_method
+from spectool.compat import check_pair, resolve_method
 from spectool.errors import BadInputError
 from spectool.findings import Finding, Severity, error, info, sort_findings
 from spectool.memory import GIB, MemoryEstimate, estimate_memory, memory_findings
 
 ENGINES = ("trtllm", "torch", "none")
 DEFAULT_PROFILE = "demo"
-# What spectool's embedded engine runs.
-TORCH_ENGINE_METHODS = ("draft_model", "ngram")
+# What spectool's embedded engine runs (spectool.methods: engines containing "torch").
+TORCH_ENGINE_METHODS = methods.engine_methods("torch")
 TORCH_ENGINE_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 DEFAULT_MAX_SEQ_LEN = 8192
 # Judged against when TensorRT-LLM is not installed and no --trtllm-version is given: the newest
@@ -29,13 +30,17 @@ DEFAULT_TRTLLM_RELEASE = "1.2"
 
 
 @dataclass(frozen=True)
-class CheckRequest:
+class PairOptions:
+    """What ``check``, ``build`` and ``tune`` are all asked: the pair, the method and the
+    deployment it is judged for. :class:`CheckRequest` adds the engine; ``build``'s and
+    ``tune``'s requests extend this and turn it into one CheckRequest with
+    :meth:`check_request`."""
+
     target: str | None = None
     drafter: str | None = None
     profile: str | None = None
     method: str = "auto"
     max_draft_len: int | None = None
-    engine: str = "trtllm"
     trtllm_version: str | None = None
     trtllm_backend: str = "pytorch"
     gpu: str | None = "auto"
@@ -43,6 +48,19 @@ class CheckRequest:
     max_batch_size: int | None = None
     max_seq_len: int | None = None
     trust_remote_code: bool = False
+
+    def pair_options(self, **changes: Any) -> dict[str, Any]:
+        """These options as keyword arguments (``changes`` replace some)."""
+        return {**{f.name: getattr(self, f.name) for f in fields(PairOptions)}, **changes}
+
+    def check_request(self, engine: str, **changes: Any) -> CheckRequest:
+        """The :class:`CheckRequest` for ``engine`` (``changes`` replace some options)."""
+        return CheckRequest(engine=engine, **self.pair_options(**changes))
+
+
+@dataclass(frozen=True)
+class CheckRequest(PairOptions):
+    engine: str = "trtllm"
 
 
 @dataclass(frozen=True)
@@ -129,10 +147,8 @@ def run_check(req: CheckRequest) -> CheckReport:
         raise BadInputError(
             "--engine", f"unknown engine {req.engine!r}; choose from {', '.join(ENGINES)}"
         )
-    if req.method != "auto" and req.method not in METHODS:
-        raise BadInputError(
-            "--method", f"unknown method {req.method!r}; choose from auto, {', '.join(METHODS)}"
-        )
+    if req.method != "auto" and not methods.is_method(req.method):
+        raise BadInputError("--method", methods.unknown_method_problem(req.method))
     if req.trtllm_backend not in ("pytorch", "tensorrt"):
         raise BadInputError(
             "--trtllm-backend",
@@ -145,7 +161,8 @@ def run_check(req: CheckRequest) -> CheckReport:
     drafter = resolve_checkpoint(drafter_ref) if drafter_ref and drafter_ref != "self" else None
     method = resolve_method(method, target, drafter)
     if max_draft_len is None:
-        max_draft_len = (target.mtp_layers or 1) if method == "mtp" else 4
+        native = methods.get(method).uses_native_layers
+        max_draft_len = (target.mtp_layers or 1) if native else 4
     max_seq_len = req.max_seq_len or min(
         target.max_position_embeddings or DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_SEQ_LEN
     )
@@ -218,7 +235,7 @@ def _torch_engine_rules(
     method: str, target: Checkpoint, drafter: Checkpoint | None
 ) -> list[Finding]:
     findings: list[Finding] = []
-    if method not in TORCH_ENGINE_METHODS:
+    if "torch" not in methods.get(method).engines:
         findings.append(
             error(
                 "UNSUPPORTED_BY_ENGINE",
@@ -228,7 +245,7 @@ def _torch_engine_rules(
         )
     for role, ckpt in (
         ("target", target),
-        ("drafter", drafter if method == "draft_model" else None),
+        ("drafter", drafter if "standalone_drafter" in methods.get(method).needs else None),
     ):
         if ckpt is not None and ckpt.architecture not in TORCH_ENGINE_ARCHITECTURES:
             findings.append(
@@ -251,7 +268,8 @@ def _trtllm_rules(
     installed = releases.detect_installed_version()
     version = req.trtllm_version or installed
     release = releases.release_for_version(version) if version else DEFAULT_TRTLLM_RELEASE
-    drafter_kind = "mtp" if method == "mtp" else (drafter.kind if drafter else None)
+    native = methods.get(method).uses_native_layers
+    drafter_kind = "mtp" if native else (drafter.kind if drafter else None)
     findings = support_findings(
         method,
         target_architecture=target.architecture,

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from spectool import methods
 from spectool.ckpt.inspect import Checkpoint
 from spectool.findings import Finding, error, warning
 
@@ -97,19 +98,20 @@ def drafter_footprint(
     target: Checkpoint, drafter: Checkpoint | None, method: str, tp: int
 ) -> tuple[int, int]:
     """(weight bytes, KV bytes per token) the drafter adds, per GPU."""
-    if method == "ngram":
+    kind = methods.get(method).drafter_memory
+    if kind == "none":
         return 0, 0
-    if method == "mtp":
+    if kind == "native_layers_kv":
         n = target.mtp_layers or 1
         # MTP weights are already part of the target's weights; only their KV is extra.
         return 0, kv_bytes_per_token(target, layers=n, tp=tp)
     if drafter is None:
         return 0, 0
     weights = drafter.weight_bytes // tp
-    if method == "draft_model":
+    if kind == "model":
         return weights, kv_bytes_per_token(drafter, tp=tp)
     # EAGLE / Medusa heads: their own few layers (Medusa keeps no KV cache).
-    layers = 0 if method == "medusa" else (drafter.num_layers or 1)
+    layers = 0 if kind == "head_no_kv" else (drafter.num_layers or 1)
     kv_source = drafter if drafter.head_dim and drafter.num_kv_heads else target
     return weights, kv_bytes_per_token(kv_source, layers=layers, tp=tp)
 

@@ -23,11 +23,12 @@ import importlib.resources
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from spectool import methods
 from spectool.errors import ProfileError
 
 if TYPE_CHECKING:
@@ -40,10 +41,9 @@ DATA_PACKAGE = "spectool.profile_data"
 # Where that folder sits in a source checkout that is not installed.
 _CHECKOUT_PROFILES = Path(__file__).resolve().parent.parent / "profiles"
 
-Method = Literal["eagle3", "eagle", "draft_model", "mtp", "ngram", "medusa"]
-METHODS: tuple[str, ...] = ("eagle3", "eagle", "draft_model", "mtp", "ngram", "medusa")
-# Methods whose drafts come from the target itself or from text: they name no drafter.
-METHODS_WITHOUT_DRAFTER: frozenset[str] = frozenset({"mtp", "ngram"})
+# The method names and which take no drafter come from spectool.methods.
+METHODS: tuple[str, ...] = methods.METHODS
+METHODS_WITHOUT_DRAFTER: frozenset[str] = methods.METHODS_WITHOUT_DRAFTER
 
 _VENDOR_WORDS = frozenset({"nvidia", "geforce", "tesla"})
 # A Hugging Face repo id ("owner/name") or one of spectool's embedded models ("spectool:name").
@@ -100,6 +100,49 @@ class GpuSpec(BaseModel):
         return frozenset(normalize_name(n) for n in (self.name, *self.aliases))
 
 
+def _known_method(value: str) -> str:
+    """A method name of spectool.methods (pydantic validator body)."""
+    if not methods.is_method(value):
+        raise ValueError(f"unknown method {value!r}; expected one of {', '.join(METHODS)}")
+    return value
+
+
+def _check_drafter_for_method(method: str, drafter: str | None) -> None:
+    if method in METHODS_WITHOUT_DRAFTER and drafter is not None:
+        raise ValueError(f"method {method} takes no drafter (drafter: null)")
+    if method not in METHODS_WITHOUT_DRAFTER and drafter is None:
+        raise ValueError(f"method {method} needs a drafter repo id")
+
+
+class Alternative(BaseModel):
+    """Another method for a recipe's target (``alternatives:``), compared by ``spectool tune``
+    with the recipe's own (:mod:`spectool.tuning.compare`). ``max_draft_len`` None: the
+    recipe's."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    method: str
+    drafter: str | None = None
+    max_draft_len: int | None = Field(default=None, ge=1, le=64)
+
+    @field_validator("method")
+    @classmethod
+    def _method(cls, value: str) -> str:
+        return _known_method(value)
+
+    @field_validator("drafter")
+    @classmethod
+    def _model_ref(cls, value: str | None) -> str | None:
+        if value is not None and not _MODEL_REF.match(value):
+            raise ValueError(f"{value!r} is not a repo id 'owner/name' or 'spectool:<name>'")
+        return value
+
+    @model_validator(mode="after")
+    def _drafter_matches_method(self) -> Alternative:
+        _check_drafter_for_method(self.method, self.drafter)
+        return self
+
+
 class Recipe(BaseModel):
     """A named, documented target/drafter pair, from ``<name>.yaml``.
 
@@ -115,10 +158,11 @@ class Recipe(BaseModel):
     name: str = Field(min_length=1)
     target: str
     drafter: str | None
-    method: Method
+    method: str
     max_draft_len: int = Field(ge=1, le=64)
     notes: str = Field(min_length=1)
     source: str
+    alternatives: tuple[Alternative, ...] = ()
 
     @field_validator("target", "drafter")
     @classmethod
@@ -126,6 +170,11 @@ class Recipe(BaseModel):
         if value is not None and not _MODEL_REF.match(value):
             raise ValueError(f"{value!r} is not a repo id 'owner/name' or 'spectool:<name>'")
         return value
+
+    @field_validator("method")
+    @classmethod
+    def _method(cls, value: str) -> str:
+        return _known_method(value)
 
     @field_validator("source")
     @classmethod
@@ -136,10 +185,10 @@ class Recipe(BaseModel):
 
     @model_validator(mode="after")
     def _drafter_matches_method(self) -> Recipe:
-        if self.method in METHODS_WITHOUT_DRAFTER and self.drafter is not None:
-            raise ValueError(f"method {self.method} takes no drafter (drafter: null)")
-        if self.method not in METHODS_WITHOUT_DRAFTER and self.drafter is None:
-            raise ValueError(f"method {self.method} needs a drafter repo id")
+        _check_drafter_for_method(self.method, self.drafter)
+        listed = [self.method, *(a.method for a in self.alternatives)]
+        if len(set(listed)) != len(listed):
+            raise ValueError(f"alternatives repeat a method: {', '.join(listed)}")
         return self
 
 

@@ -4,7 +4,9 @@ Two forms:
 
 * ``spectool serve [TARGET [DRAFTER]] --engine torch``: spectool's embedded PyTorch engine
   (CPU or CUDA) in this process; with no TARGET the embedded demo pair. The command checks its
-  options and hands one :class:`TorchServeRequest` to :func:`_serve_torch`.
+  options and hands one :class:`~spectool.cli.serve_torch.TorchServeRequest` to
+  :func:`~spectool.cli.serve_torch.serve_torch` (engine settings from flags, or from a build's
+  config file with ``--engine-config``).
 * ``spectool serve DIR [-- EXTRA]``: a folder written by ``spectool build``. Its manifest is
   checked against this machine, the cost gate (``--speculation auto|on|off``) picks the
   speculative or the baseline config, and the server runs as a supervised child process
@@ -21,9 +23,6 @@ stays fast.
 from __future__ import annotations
 
 import os
-import shutil
-import textwrap
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -31,15 +30,25 @@ import typer
 from typer.core import TyperCommand
 
 from spectool.cli.options import DrafterArg, MaxBatchOpt, MaxDraftLenOpt, MaxSeqOpt, TargetArg
-from spectool.errors import BadInputError, CheckpointError
+from spectool.cli.serve_torch import (
+    TORCH_METHODS,
+    TorchServeRequest,
+    parse_draft_len_schedule,
+    serve_torch,
+    torch_serve_request,
+)
+from spectool.errors import BadInputError
+
+__all__ = [
+    "TORCH_METHODS",
+    "TorchServeRequest",
+    "parse_draft_len_schedule",
+    "register",
+    "serve",
+    "torch_serve_request",
+]
 
 ENGINES = ("torch", "trtllm")
-TORCH_METHODS = ("auto", "draft_model", "ngram", "none")
-DEMO_TARGET = "spectool:demo-target"
-DEMO_DRAFTER = "spectool:demo-drafter"
-TORCH_DEFAULT_MAX_BATCH_SIZE = 32
-TORCH_DEFAULT_MAX_SEQ_LEN = 1024
-TORCH_DEFAULT_MAX_DRAFT_LEN = 4
 
 EngineOpt = Annotated[
     str | None,
@@ -84,12 +93,20 @@ DraftLenScheduleOpt = Annotated[
         "draft 2, larger none).",
     ),
 ]
+EngineConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--engine-config",
+        help="torch engine: a config file written by spectool build (speculative.json or "
+        "baseline.json) giving the method, draft length, runtime gate and limits.",
+    ),
+]
 READY_TIMEOUT_S = {"trtllm": 1800.0, "torch": 300.0}
 ServeMethodOpt = Annotated[
     str,
     typer.Option(
         "--method",
-        help="torch engine: auto, draft_model, ngram or none (auto: draft_model with a "
+        help=f"torch engine: {', '.join(TORCH_METHODS)} (auto: draft_model with a "
         "drafter, else none).",
     ),
 ]
@@ -113,141 +130,6 @@ ServedNameOpt = Annotated[
 LogLevelOpt = Annotated[
     str, typer.Option("--log-level", help="Server log level: debug, info, warning or error.")
 ]
-
-
-@dataclass(frozen=True)
-class TorchServeRequest:
-    """Everything the embedded-engine server needs, checked: folders, engine config, address."""
-
-    target: Path
-    drafter: Path | None
-    method: str
-    max_draft_len: int
-    max_batch_size: int
-    max_seq_len: int
-    device: str
-    dtype: str
-    model_name: str
-    host: str
-    port: int
-    log_level: str
-    max_concurrency: int | None = None
-    draft_len_schedule: dict[int, int] | None = None
-    default_pair: bool = False  # no TARGET given: spectool's demo pair
-
-
-def _local_folder(ref: str, role: str) -> Path:
-    """A checkpoint folder for the embedded engine: ``spectool:NAME`` or a local folder."""
-    from spectool.ckpt.refs import BUILTIN_PREFIX, builtin_path
-
-    if ref.startswith(BUILTIN_PREFIX):
-        return builtin_path(ref[len(BUILTIN_PREFIX) :])
-    path = Path(os.path.expanduser(ref))
-    if not path.exists():
-        raise CheckpointError(
-            ref,
-            f"no such folder; the torch engine serves a local {role} folder or spectool:NAME",
-        )
-    if not path.is_dir():
-        raise CheckpointError(ref, "is a file; pass the checkpoint folder")
-    return _servable(path.resolve(), ref, role)
-
-
-def _servable(path: Path, ref: str, role: str) -> Path:
-    """``path`` when it holds a model the embedded engine can load: checked before any server
-    starts (config fields, weight headers, a causal LM), so a wrong folder is one line."""
-    from spectool.ckpt.inspect import CAUSAL_LM, KIND_LABELS, inspect_folder
-    from spectool.deploy.manifest import MANIFEST_NAME
-
-    if not (path / "config.json").is_file():
-        raise CheckpointError(
-            ref,
-            f"neither a build folder (no {MANIFEST_NAME}) nor a model folder (no config.json); "
-            "nothing to serve",
-        )
-    kind = inspect_folder(path, ref).kind
-    if kind != CAUSAL_LM:
-        raise CheckpointError(
-            ref, f"holds {KIND_LABELS[kind]}, not a {role} model the torch engine can serve"
-        )
-    return path
-
-
-def torch_serve_request(
-    target: str | None,
-    drafter: str | None,
-    *,
-    method: str = "auto",
-    max_draft_len: int | None = None,
-    max_batch_size: int | None = None,
-    max_seq_len: int | None = None,
-    device: str = "auto",
-    dtype: str = "float32",
-    served_model_name: str | None = None,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    log_level: str = "info",
-    max_concurrency: int | None = None,
-    draft_len_schedule: str | None = None,
-) -> TorchServeRequest:
-    """Check the options and resolve the models (no TARGET: the embedded demo pair)."""
-    if method not in TORCH_METHODS:
-        raise BadInputError("--method", f"the torch engine runs {', '.join(TORCH_METHODS)}")
-    if target is None:
-        if drafter is not None:
-            raise BadInputError("DRAFTER", "a drafter needs a TARGET")
-        target = DEMO_TARGET
-        drafter = DEMO_DRAFTER if method in ("auto", "draft_model") else None
-        default_pair = True
-    else:
-        default_pair = False
-    if method == "auto":
-        method = "draft_model" if drafter is not None else "none"
-    if drafter is not None and method != "draft_model":
-        raise BadInputError("--method", f"{method!r} uses no drafter; drop DRAFTER")
-    if method == "draft_model" and drafter is None:
-        raise BadInputError("--method", "draft_model needs a DRAFTER")
-    if not 0 <= port <= 65535:
-        raise BadInputError("--port", f"must be in 0..65535, got {port}")
-    target_path = _local_folder(target, "target")
-    drafter_path = _local_folder(drafter, "drafter") if drafter is not None else None
-    if served_model_name is None:
-        served_model_name = target_path.name
-    return TorchServeRequest(
-        target=target_path,
-        drafter=drafter_path,
-        method=method,
-        max_draft_len=TORCH_DEFAULT_MAX_DRAFT_LEN if max_draft_len is None else max_draft_len,
-        max_batch_size=TORCH_DEFAULT_MAX_BATCH_SIZE if max_batch_size is None else max_batch_size,
-        max_seq_len=TORCH_DEFAULT_MAX_SEQ_LEN if max_seq_len is None else max_seq_len,
-        device=device,
-        dtype=dtype,
-        model_name=served_model_name,
-        host=host,
-        port=port,
-        log_level=log_level,
-        max_concurrency=max_concurrency,
-        draft_len_schedule=parse_draft_len_schedule(draft_len_schedule),
-        default_pair=default_pair,
-    )
-
-
-def parse_draft_len_schedule(text: str | None) -> dict[int, int] | None:
-    """``"4:4,8:2"`` -> ``{4: 4, 8: 2}`` (batch size: draft length); None stays None."""
-    if text is None:
-        return None
-    schedule: dict[int, int] = {}
-    for item in text.split(","):
-        batch, sep, k = item.strip().partition(":")
-        try:
-            if not sep:
-                raise ValueError
-            schedule[int(batch)] = int(k)
-        except ValueError:
-            raise BadInputError(
-                "--draft-len-schedule", f"expected batch:k pairs like 4:4,8:2, got {text!r}"
-            ) from None
-    return schedule
 
 
 def _build_dir(target: str | None) -> Path | None:
@@ -292,6 +174,7 @@ def serve(
     ready_timeout: ReadyTimeoutOpt = None,
     max_concurrency: MaxConcurrencyOpt = None,
     draft_len_schedule: DraftLenScheduleOpt = None,
+    engine_config: EngineConfigOpt = None,
 ) -> None:
     """Serve an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /metrics).
 
@@ -305,6 +188,8 @@ def serve(
     build_dir = _build_dir(target)
     if build_dir is not None:
         _refuse_build_time_options(ctx, drafter)
+        if engine_config is not None:
+            raise BadInputError("--engine-config", "a build folder chooses its own config file")
         code = _serve_build(
             build_dir,
             engine=engine,
@@ -332,6 +217,16 @@ def serve(
             raise BadInputError(
                 f"--{name.replace('_', '-')}", "applies to a build folder (spectool serve DIR)"
             )
+    config_fields = None
+    if engine_config is not None:
+        from spectool.deploy.engine_config import read_engine_config
+
+        for name in _BUILD_TIME:
+            if _given(ctx, name):
+                raise BadInputError(
+                    f"--{name.replace('_', '-')}", f"is set by --engine-config {engine_config}"
+                )
+        config_fields = read_engine_config(engine_config)
     request = torch_serve_request(
         target,
         drafter,
@@ -347,8 +242,9 @@ def serve(
         log_level=log_level,
         max_concurrency=max_concurrency,
         draft_len_schedule=draft_len_schedule,
+        engine_config=config_fields,
     )
-    _serve_torch(request)
+    serve_torch(request)
 
 
 def _given(ctx: typer.Context, name: str) -> bool:
@@ -465,57 +361,5 @@ def _serve_build(
     return 130 if result.stop_signal == signal.SIGINT else 0
 
 
-def _serve_torch(request: TorchServeRequest) -> None:
-    from spectool.engine.engine import EngineConfig
-    from spectool.server.run import bind_socket, serve_checkpoint
-
-    config = EngineConfig(  # validated here: a bad option fails before the server starts
-        method=request.method,
-        max_draft_len=request.max_draft_len,
-        max_batch_size=request.max_batch_size,
-        max_seq_len=request.max_seq_len,
-        device=request.device,
-        dtype=request.dtype,
-        max_concurrency=request.max_concurrency,
-        draft_len_schedule=request.draft_len_schedule,
-    )
-    drafting = f", {request.method} k={request.max_draft_len}" if request.method != "none" else ""
-    drafter = f" + {request.drafter.name}" if request.drafter is not None else ""
-    if request.default_pair:
-        _say(
-            "spectool: note: no TARGET given: serving spectool's demo pair "
-            f"({DEMO_TARGET} + {DEMO_DRAFTER}) on the embedded torch engine, the engine that "
-            "serves a model folder directly (TensorRT-LLM serves build folders: spectool build "
-            "TARGET [DRAFTER] --out DIR, then spectool serve DIR)"
-        )
-    sock = bind_socket(request.host, request.port)  # a busy port fails before the line below
-    bound_host, bound_port = sock.getsockname()[:2]
-    _say(
-        f"spectool: serving {request.model_name} ({request.target.name}{drafter}{drafting}) "
-        f"with the torch engine on {request.device}, address {bound_host}:{bound_port}"
-    )
-    serve_checkpoint(
-        request.target,
-        request.drafter,
-        config,
-        model_name=request.model_name,
-        host=request.host,
-        port=request.port,
-        log_level=request.log_level,
-        sock=sock,
-    )
-
-
 def register(app: typer.Typer) -> None:
     app.command("serve", cls=_PassThroughCommand)(serve)
-
-
-def _say(text: str) -> None:
-    """A line for stderr, wrapped at the terminal's width (80 when unknown) between words, so
-    paths, flags and addresses are never cut in two."""
-    width = shutil.get_terminal_size((80, 24)).columns
-    lines = textwrap.wrap(
-        text, width=max(width, 40), subsequent_indent="  ", break_long_words=False,
-        break_on_hyphens=False,
-    )  # fmt: skip
-    typer.echo("\n".join(lines), err=True)

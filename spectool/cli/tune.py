@@ -41,8 +41,11 @@ from spectool.cli.options import (
 if TYPE_CHECKING:
     from spectool.measure.client import StreamResult
     from spectool.measure.runner import TrialConfig, TrialResult
+    from spectool.tuning.compare import MethodsOutcome
     from spectool.tuning.driver import ServerInfo
-    from spectool.tuning.session import TuneOutcome
+    from spectool.tuning.outcome import TuneOutcome
+    from spectool.tuning.request import TuneRequest
+    from spectool.tuning.session import TuneProgress
 
 TuneEngineOpt = Annotated[
     str,
@@ -293,8 +296,7 @@ def tune(
 
     No arguments: the embedded demo pair on the embedded engine (~2 minutes on 2 CPU cores).
     """
-    from spectool.tuning.request import TuneRequest, parse_concurrencies, resolve
-    from spectool.tuning.session import run_tune
+    from spectool.tuning.request import TuneRequest, parse_concurrencies
 
     request = TuneRequest(
         target=target,
@@ -328,125 +330,57 @@ def tune(
         budget_s=budget,
     )
     from spectool.cli.output import err_console
+    from spectool.cli.tune_output import methods_json, render, render_methods, summary_json
+    from spectool.tuning.compare import method_requests
+    from spectool.tuning.outcome import TuneOutcome
 
+    requests = method_requests(request)
     stop = _StopRequest()
     with _sigterm_as_interrupt(stop):
-        resolved = resolve(request)
         live = err_console.is_terminal and not as_json
         try:
             if live:
                 with RichTuneProgress() as progress:
-                    outcome = run_tune(resolved, progress=progress, should_stop=stop)
+                    result = _run(requests, progress, stop)
             elif not as_json:
-                outcome = run_tune(resolved, progress=PlainTuneProgress(), should_stop=stop)
+                result = _run(requests, PlainTuneProgress(), stop)
             else:
-                outcome = run_tune(resolved, should_stop=stop)
+                result = _run(requests, None, stop)
         except KeyboardInterrupt:
             err_console.print(
-                f"stopped; finished trials are saved in {Path(out) / 'trials.jsonl'}: rerun "
-                "with --resume to continue",
+                f"stopped; finished trials are saved under {Path(out)}: rerun with --resume to "
+                "continue",
                 markup=False,
             )
             raise
     if as_json:
         from spectool.cli.output import print_json
 
-        print_json(_summary_json(outcome))
+        single = isinstance(result, TuneOutcome)
+        print_json(summary_json(result) if single else methods_json(result))
+    elif isinstance(result, TuneOutcome):
+        render(result)
     else:
-        _render(outcome)
+        render_methods(result)
 
 
-def _summary_json(outcome: TuneOutcome) -> dict[str, Any]:
-    result = outcome.result
-    return {
-        "out": str(outcome.out),
-        "decision": result.to_decision_json(),
-        "runs": {
-            "used": result.runs_used,
-            "full_grid": result.full_grid_runs,
-            "measured_now": len(result.measured_now),
-            "reused": len(result.reused),
-            "trials_measured_now": outcome.trials_measured_now,
-        },
-        "wall_s": outcome.wall_s,
-        "files": [str(p) for p in outcome.files],
-        "notes": list(outcome.notes),
-    }
+def _run(
+    requests: list[TuneRequest], progress: TuneProgress | None, stop: _StopRequest
+) -> TuneOutcome | MethodsOutcome:
+    """One method: its run. Several: every method's run in its folder, then the comparison."""
+    from spectool.tuning.compare import resolve_all, run_methods
+    from spectool.tuning.request import resolve
+    from spectool.tuning.session import run_tune
 
-
-def _render(outcome: TuneOutcome) -> None:
-    from rich.table import Table
-
-    from spectool.cli.output import console
-
-    result = outcome.result
-    verdicts = {(v.concurrency, v.k): v for v in result.cells}
-    table = Table(title=f"spectool tune: {outcome.resolved.method} on {result.engine}")
-    for column in ("concurrency", "k", "ratio lhs/rhs", "95% CI", "verdict", "tok/s per user"):
-        table.add_column(column, justify="right" if column != "verdict" else "left")
-    for c in result.concurrencies:
-        k = result.choices[c]
-        v = verdicts.get((c, k))
-        s = outcome.stats.get((c, k))
-        per_user = f"{s.tokens_per_s_per_user.value:.1f}" if s is not None else "-"
-        if v is None:
-            best = min(
-                (x for x in result.cells if x.concurrency == c), key=lambda x: x.ratio, default=None
-            )
-            note = "off" if best is None else f"off (k={best.k} {best.verdict.replace('_', ' ')})"
-            table.add_row(str(c), "0", "-", "-", note, per_user)
-        else:
-            table.add_row(
-                str(c),
-                str(k),
-                f"{v.ratio:.3f}",
-                f"{v.ci_low:.3f}-{v.ci_high:.3f}",
-                v.verdict.replace("_", " "),
-                per_user,
-            )
-    console.print(table)
-    be = result.break_even_concurrency
-    top = max(result.concurrencies)
-    console.print(
-        f"break-even concurrency: {be}"
-        if be is not None
-        else f"break-even concurrency: none up to {top} (the server's batch limit is "
-        f"{outcome.resolved.max_batch_size}): speculation pays at every concurrency measured"
+    if len(requests) == 1:
+        return run_tune(resolve(requests[0]), progress=progress, should_stop=stop)
+    resolved = resolve_all(requests)
+    return run_methods(
+        resolved,
+        lambda r, rival: run_tune(r, progress=progress, should_stop=stop, rival=rival),
+        on_message=None if progress is None else progress.on_message,
     )
-    console.print(f"decision: {schedule_in_words(result.choices)}")
-    console.print(
-        "draft_len_schedule (batch size -> draft length): "
-        f"{dict(sorted(result.schedule.items())) or 'none (speculation off)'}"
-    )
-    console.print(
-        f"runs: {result.runs_used} cells of the {result.full_grid_runs}-cell grid "
-        f"({len(result.measured_now)} measured now, {len(result.reused)} reused); "
-        f"{outcome.trials_measured_now} trials; {outcome.wall_s:.0f} s"
-    )
-    for note in outcome.notes:
-        console.print(f"note: {note}", markup=False, style="yellow")
-    console.print(f"wrote {len(outcome.files)} files to {outcome.out} (report: report.md)")
 
 
 def register(app: typer.Typer) -> None:
     app.command("tune")(tune)
-
-
-def schedule_in_words(choices: dict[int, int]) -> str:
-    """The per-concurrency choices as a person would say them: runs of equal draft lengths,
-    e.g. ``k=4 at concurrency 1-8; speculation off at 16 and above``."""
-    concs = sorted(choices)
-    parts: list[str] = []
-    start = 0
-    for i in range(1, len(concs) + 1):
-        if i < len(concs) and choices[concs[i]] == choices[concs[start]]:
-            continue
-        k, low, high = choices[concs[start]], concs[start], concs[i - 1]
-        last = i == len(concs)
-        if last and start > 0:
-            where = f"{low} and above"
-        else:
-            where = f"{low}" if low == high else f"{low}-{high}"
-        parts.append(f"speculation off at {where}" if k == 0 else f"k={k} at concurrency {where}")
-        start = i
-    return "; ".join(parts)

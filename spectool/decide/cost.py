@@ -34,75 +34,16 @@ whole interval lies below 1, ``does_not_pay`` if above, else ``inconclusive``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from spectool.decide.acceptance import expected_tokens_per_step
 from spectool.decide.cell import CellMeasurement, IterationSample
 from spectool.decide.latency import MS_PER_S, RequestRecord
+from spectool.decide.verdict import CellVerdict, PairedEstimate, Source, verdict_for
 from spectool.errors import BadInputError
 
-if TYPE_CHECKING:
-    from spectool.decide.paired import PairedEstimate
-
-Verdict = Literal["pays", "does_not_pay", "inconclusive"]
-Source = Literal["iterations", "requests"]
-
 _MAX_INDEX_ELEMENTS = 4_000_000  # cap on one bootstrap chunk's index matrix
-
-
-@dataclass(frozen=True)
-class CellVerdict:
-    """The cost inequality evaluated for one cell; see the module docstring for every field.
-
-    ``ci_low``/``ci_high`` bound ``ratio`` at ``confidence``. ``n_spec``/``n_base`` count the
-    resampled units (iterations or requests). The ``*_predicted``, ``step_cost_ratio`` and
-    ``predicted_speedup`` fields are None where their inputs were not measured.
-    """
-
-    concurrency: int
-    k: int
-    lhs_ms_per_token: float
-    rhs_ms_per_token: float
-    ratio: float
-    ci_low: float
-    ci_high: float
-    verdict: Verdict
-    source: Source
-    confidence: float
-    n_boot: int
-    n_spec: int
-    n_base: int
-    tokens_per_step_measured: float | None
-    tokens_per_step_predicted: float | None
-    step_cost_ratio: float | None
-    predicted_speedup: float | None
-    measured_speedup: float
-    paired: PairedEstimate | None = None
-
-    @property
-    def design(self) -> str:
-        """How the two sides were measured: ``interleaved``, ``bracketed`` or ``unpaired``."""
-        return "unpaired" if self.paired is None else self.paired.design
-
-    def to_json(self) -> dict[str, object]:
-        """The fields ``decision.json`` lists per cell."""
-        out: dict[str, object] = {
-            "concurrency": self.concurrency,
-            "k": self.k,
-            "lhs_ms_per_token": self.lhs_ms_per_token,
-            "rhs_ms_per_token": self.rhs_ms_per_token,
-            "ratio": self.ratio,
-            "ci_low": self.ci_low,
-            "ci_high": self.ci_high,
-            "verdict": self.verdict,
-            "design": self.design,
-        }
-        if self.paired is not None:
-            out.update(self.paired.to_json())
-        return out
 
 
 def iteration_terms(samples: Sequence[IterationSample]) -> tuple[np.ndarray, np.ndarray]:
@@ -117,10 +58,16 @@ def request_terms(records: Sequence[RequestRecord]) -> tuple[np.ndarray, np.ndar
 
     Only successful requests with a first token and at least two output tokens count.
     """
-    used = [r for r in records if r.ok and r.output_tokens >= 2 and r.decode_s is not None]
-    num = np.array([r.decode_s * MS_PER_S for r in used], dtype=float)
+    used = usable_requests(records)
+    num = np.array([r.decode_s * MS_PER_S for r in used], dtype=float)  # type: ignore[operator]
     den = np.array([r.output_tokens - 1 for r in used], dtype=float)
     return num, den
+
+
+def usable_requests(records: Sequence[RequestRecord]) -> list[RequestRecord]:
+    """The requests the client path counts: successful, timed to the first token, and with at
+    least two output tokens (so there is a decode time per token after the first)."""
+    return [r for r in records if r.ok and r.output_tokens >= 2 and r.decode_s is not None]
 
 
 def default_block_len(n: int) -> int:
@@ -128,7 +75,7 @@ def default_block_len(n: int) -> int:
     return max(1, round(n ** (1.0 / 3.0)))
 
 
-def _resampled_sums(
+def resampled_sums(
     num: np.ndarray, den: np.ndarray, n_boot: int, rng: np.random.Generator, block_len: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Sums of ``num`` and ``den`` over ``n_boot`` moving-block resamples (i.i.d. at length 1).
@@ -182,21 +129,32 @@ def bootstrap_ratio_ci(
         if (b <= 0).any():
             raise BadInputError("bootstrap", f"{name} sample has a non-positive token count")
     ratio = float((spec_num.sum() / spec_den.sum()) / (base_num.sum() / base_den.sum()))
-    s_num, s_den = _resampled_sums(spec_num, spec_den, n_boot, rng, spec_block_len)
-    b_num, b_den = _resampled_sums(base_num, base_den, n_boot, rng, base_block_len)
-    ratios = (s_num / s_den) / (b_num / b_den)
+    s_num, s_den = resampled_sums(spec_num, spec_den, n_boot, rng, spec_block_len)
+    b_num, b_den = resampled_sums(base_num, base_den, n_boot, rng, base_block_len)
+    lo, hi = percentile_interval((s_num / s_den) / (b_num / b_den), confidence)
+    return ratio, lo, hi
+
+
+def percentile_interval(values: np.ndarray, confidence: float) -> tuple[float, float]:
+    """The central ``confidence`` interval of bootstrap ``values`` (percentile method)."""
     tail = (1.0 - confidence) / 2.0
-    lo, hi = np.quantile(ratios, [tail, 1.0 - tail])
-    return ratio, float(lo), float(hi)
+    low, high = np.quantile(values, [tail, 1.0 - tail])
+    return float(low), float(high)
 
 
-def verdict_for(ci_low: float, ci_high: float) -> Verdict:
-    """``pays`` if the interval lies wholly below 1, ``does_not_pay`` if wholly above."""
-    if ci_high < 1.0:
-        return "pays"
-    if ci_low > 1.0:
-        return "does_not_pay"
-    return "inconclusive"
+def ratio_interval(
+    num: np.ndarray,
+    den: np.ndarray,
+    *,
+    n_boot: int,
+    confidence: float,
+    rng: np.random.Generator,
+    block_len: int = 1,
+) -> tuple[float, float, float]:
+    """``(value, low, high)`` of one sample's ``Σ num / Σ den`` (percentile bootstrap)."""
+    sums_num, sums_den = resampled_sums(num, den, n_boot, rng, block_len)
+    low, high = percentile_interval(sums_num / sums_den, confidence)
+    return float(num.sum() / den.sum()), low, high
 
 
 def evaluate_cell(

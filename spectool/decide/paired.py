@@ -5,7 +5,7 @@ of the machine's speed in between (other tenants, clocks, throttling), and no bo
 requests sees it: identical runs gave ratios of 0.24 and 0.86 for the same cell. So every ratio
 is taken between measurements made in the same window of time.
 
-Designs (:data:`Design`):
+Designs (:data:`~spectool.decide.verdict.Design`):
 
 * ``interleaved``: short blocks alternate on one server that switches its draft length without a
   restart (spectool's engine): pair ``i`` is a speculative block and a baseline block measured
@@ -33,26 +33,21 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 
 from spectool.decide.cell import CellMeasurement, pooled
 from spectool.decide.cost import (
-    CellVerdict,
-    Source,
-    Verdict,
-    _resampled_sums,
     bootstrap_ratio_ci,
     cell_verdict,
     default_block_len,
     iteration_terms,
     request_terms,
-    verdict_for,
+    resampled_sums,
 )
+from spectool.decide.verdict import CellVerdict, Design, PairedEstimate, Source, verdict_for
 from spectool.errors import BadInputError
 
-Design = Literal["interleaved", "bracketed", "unpaired"]
 MIN_PAIRS = 2
 _WITHIN_BOOT = 400  # resamples per block for the within-pair noise
 
@@ -104,46 +99,6 @@ class PairedCell:
         return pooled([p.base for p in self.pairs])
 
 
-@dataclass(frozen=True)
-class PairedEstimate:
-    """The ratio ``lhs / rhs`` of a paired cell with its interval; see the module docstring.
-
-    ``log_ratios`` are the pairs' ``d_i``; ``spread`` their standard deviation (0 with one pair);
-    ``within_se`` the sampling noise of their mean. ``drift_base`` / ``drift_spec``: the last
-    block's ms per token over the first one's, per arm (1.0 = the machine kept its speed).
-    """
-
-    ratio: float
-    ci_low: float
-    ci_high: float
-    verdict: Verdict
-    design: Design
-    source: Source
-    log_ratios: tuple[float, ...]
-    spread: float
-    within_se: float
-    drift_base: float
-    drift_spec: float
-    confidence: float
-    looks: int
-
-    @property
-    def pairs(self) -> int:
-        return len(self.log_ratios)
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "design": self.design,
-            "pairs": self.pairs,
-            "pair_ratios": [math.exp(d) for d in self.log_ratios],
-            "spread": self.spread,
-            "within_se": self.within_se,
-            "drift_base": self.drift_base,
-            "drift_spec": self.drift_spec,
-            "looks": self.looks,
-        }
-
-
 def _terms(spec: CellMeasurement, base: CellMeasurement, source: Source) -> tuple[np.ndarray, ...]:
     if source == "iterations":
         return (*iteration_terms(spec.iterations), *iteration_terms(base.iterations))
@@ -183,8 +138,8 @@ def _log_ratio_and_var(
         if source == "iterations"
         else (1, 1)
     )
-    sn, sd = _resampled_sums(s_num, s_den, _WITHIN_BOOT, rng, blocks[0])
-    bn, bd = _resampled_sums(b_num, b_den, _WITHIN_BOOT, rng, blocks[1])
+    sn, sd = resampled_sums(s_num, s_den, _WITHIN_BOOT, rng, blocks[0])
+    bn, bd = resampled_sums(b_num, b_den, _WITHIN_BOOT, rng, blocks[1])
     boot = np.log((sn / sd) / (bn / bd))
     return d, float(boot.var(ddof=1))
 

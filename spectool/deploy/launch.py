@@ -8,8 +8,8 @@ come from one place. Never a shell string.
   [--tp_size N]`` (per-release flags from :func:`spectool.trtllm.launch.build_serve_argv`). MODEL
   is the target (PyTorch backend) or the engine folder (legacy TensorRT backend, with
   ``--tokenizer`` the target).
-* Embedded engine: ``spectool serve TARGET [DRAFTER] --engine torch --method ... --host H --port
-  P``, every engine setting from the build's ``speculative.json`` / ``baseline.json`` as flags.
+* Embedded engine: ``spectool serve TARGET [DRAFTER] --engine torch --engine-config
+  DIR/<speculative|baseline>.json --host H --port P``: the child reads the build's file itself.
 
 :func:`prepare_serve` puts a build folder's serving together: the manifest checked against this
 machine (:mod:`spectool.deploy.machine`), the cost gate (:mod:`spectool.deploy.gate`) choosing the
@@ -19,14 +19,15 @@ speculative or the baseline config, and the resulting command; running it is
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spectool import methods
 from spectool.deploy.decision import Decision, parse_decision
+from spectool.deploy.engine_config import read_engine_config
 from spectool.deploy.gate import GateDecision, RuntimeGate, decide_speculation
 from spectool.deploy.machine import MachineFacts
 from spectool.deploy.manifest import Manifest, read_manifest
@@ -44,41 +45,25 @@ def spectool_child_prefix() -> tuple[str, ...]:
     return (sys.executable, "-m", "spectool.cli.app")
 
 
-def format_schedule(schedule: Mapping[int, int]) -> str:
-    """``{4: 4, 8: 2}`` -> ``"4:4,8:2"`` (the ``--draft-len-schedule`` flag's form)."""
-    return ",".join(f"{batch}:{k}" for batch, k in sorted(schedule.items()))
-
-
 def torch_server_argv(
     prefix: Sequence[str],
     target: str,
     drafter: str | None,
-    config: Mapping[str, Any],
+    method: str,
+    config_path: Path,
     *,
     host: str = DEFAULT_HOST,
     port: int = DEFAULT_PORT,
     extra: Sequence[str] = (),
 ) -> list[str]:
-    """``spectool serve`` argv for the embedded engine running ``config`` (EngineConfig fields:
-    method, max_draft_len, draft_len_schedule, max_concurrency, max_batch_size, max_seq_len)."""
-    method = str(config["method"])
+    """``spectool serve`` argv for the embedded engine running the build's config file
+    (``speculative.json`` / ``baseline.json``, read by the child as it is: ``--engine-config``);
+    ``method`` is the file's, which says whether the drafter is passed."""
     argv = [*prefix, "serve", target]
-    if method == "draft_model":
-        assert drafter is not None, "draft_model needs a drafter"
+    if methods.get(method).takes_drafter:
+        assert drafter is not None, f"{method} needs a drafter"
         argv.append(drafter)
-    argv += ["--engine", "torch", "--method", method]
-    if method != "none":
-        argv += ["--max-draft-len", str(config["max_draft_len"])]
-    argv += ["--max-batch-size", str(config["max_batch_size"])]
-    argv += ["--max-seq-len", str(config["max_seq_len"])]
-    if config.get("max_concurrency") is not None:
-        argv += ["--max-concurrency", str(config["max_concurrency"])]
-    schedule = config.get("draft_len_schedule")
-    if schedule:
-        argv += [
-            "--draft-len-schedule",
-            format_schedule({int(b): int(k) for b, k in schedule.items()}),
-        ]
+    argv += ["--engine", "torch", "--engine-config", str(config_path)]
     argv += ["--host", host, "--port", str(port), *extra]
     return argv
 
@@ -143,8 +128,9 @@ def serve_command(
 ) -> ServeCommand:
     """The command serving ``build_dir`` with (``speculative``) or without speculation.
 
-    ``torch_config`` is the parsed ``speculative.json``/``baseline.json`` for the embedded
-    engine; ``trtllm_serve`` the resolved ``trtllm-serve`` path.
+    ``torch_config`` is the checked ``speculative.json``/``baseline.json`` of the embedded
+    engine (its method decides whether the drafter is passed); ``trtllm_serve`` the resolved
+    ``trtllm-serve`` path.
     """
     spec_name, base_name = manifest.config_files
     name = spec_name if speculative else base_name
@@ -155,7 +141,8 @@ def serve_command(
             spectool_child_prefix(),
             manifest.target.ref,
             drafter,
-            torch_config,
+            str(torch_config["method"]),
+            build_dir / name,
             host=host,
             port=port,
             extra=extra,
@@ -195,19 +182,6 @@ def _decision_of(manifest: Manifest) -> Decision | None:
         return None
     data = record.model_dump(exclude={"source", "sha256"})
     return parse_decision(data, "manifest.json: decision")
-
-
-def _read_torch_config(build_dir: Path, name: str) -> dict[str, Any]:
-    path = build_dir / name
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise BadInputError(path, f"cannot read: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise BadInputError(path, f"malformed JSON: {exc}") from None
-    if not isinstance(data, dict) or "method" not in data:
-        raise BadInputError(path, "not an embedded-engine config written by spectool build")
-    return data
 
 
 def prepare_serve(
@@ -276,7 +250,7 @@ def prepare_serve(
     )
     spec_name, base_name = manifest.config_files
     name = spec_name if gate.speculate else base_name
-    torch_config = _read_torch_config(build_dir, name) if manifest.engine == "torch" else None
+    torch_config = read_engine_config(build_dir / name) if manifest.engine == "torch" else None
     command = serve_command(
         build_dir,
         manifest,

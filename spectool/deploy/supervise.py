@@ -1,5 +1,11 @@
-"""Run a server as a child process: stream its log, wait for ``/health``, forward signals, and
-leave no process behind.
+"""Every server child spectool starts, in one place: own process group, output to a pipe or a
+log file, readiness on ``/health``, teardown of the whole group.
+
+Two users: ``spectool serve`` (:func:`run_supervised`: one server, its output streamed to the
+terminal, until the user stops it) and ``tune``'s drivers (:func:`spawn` with a ``log_path``,
+:func:`wait_healthy`, :func:`stop`: one server per configuration, started and stopped apart,
+measured in between, output appended to a log file in the tune folder, never to a pipe nobody
+reads). Both start with :func:`spawn` and stop with :func:`stop_group`.
 
 Why a supervisor: ``trtllm-serve`` takes minutes to load, may spawn worker processes (MPI ranks,
 post-processing workers), and dies with its reason in the log. The child starts in its own
@@ -8,7 +14,8 @@ SIGINT/SIGTERM to the whole group; on every way out (ready timeout, crash, signa
 spectool) the group gets SIGTERM, then SIGKILL after a grace period, until it is empty.
 
 Exit codes the caller maps: the child failing to start, dying or not becoming ready raises
-:class:`~spectool.errors.ChildProcessError_` (exit 3) carrying the log tail; a busy port is a
+:class:`~spectool.errors.ChildProcessError_` (exit 3) carrying the log tail (the pipe's last
+lines, or the log file's); a busy port is a
 :class:`~spectool.errors.BadInputError` (exit 2) raised before anything starts. A stop the user
 asked for (SIGINT/SIGTERM) returns normally with the signal number.
 
@@ -28,8 +35,9 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import IO, Any
 
 import httpx
 
@@ -208,23 +216,92 @@ def stop_group(proc: subprocess.Popen[str], pgid: int, grace_s: float = STOP_GRA
             time.sleep(0.05)
 
 
-def _spawn(argv: Sequence[str], env: Mapping[str, str] | None, name: str) -> subprocess.Popen[str]:
+def spawn(
+    argv: Sequence[str],
+    *,
+    name: str,
+    log_path: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    stdin: int | None = subprocess.DEVNULL,
+    stdout: int | None = None,
+) -> subprocess.Popen[Any]:
+    """Start ``argv`` (no shell) in its own session and process group.
+
+    Without ``log_path`` its output (stdout and stderr) is a text pipe for the caller to read;
+    with one, stderr (and stdout unless given) is appended to that file. ``ChildProcessError_``
+    when it cannot start.
+    """
+    log: IO[bytes] | None = None
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(log_path, "ab")  # the child gets its own descriptor
+    piped = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True, "bufsize": 1,
+             "errors": "replace"}  # fmt: skip
+    to_log = {"stdout": log if stdout is None else stdout, "stderr": log}
     try:
-        return subprocess.Popen(
+        return subprocess.Popen(  # type: ignore[call-overload]
             list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            bufsize=1,
-            errors="replace",
+            stdin=stdin,
             env=dict(env) if env is not None else None,
             start_new_session=True,  # own session and process group: see the module docstring
+            **(piped if log is None else to_log),
         )
     except OSError as exc:
         raise ChildProcessError_(
             f"cannot start {name} ({argv[0]}): {exc.strerror or exc}"
         ) from None
+    finally:
+        if log is not None:
+            log.close()  # the child holds its own descriptor
+
+
+def stop(proc: subprocess.Popen[Any], grace_s: float = STOP_GRACE_S) -> None:
+    """Stop the child's whole process group (it leads one: :func:`spawn`) and reap it."""
+    stop_group(proc, proc.pid, grace_s)
+
+
+def log_tail(path: Path, lines: int = TAIL_LINES) -> str:
+    """The last ``lines`` lines of a log file ("" when there is none)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return "".join(collections.deque(f, maxlen=lines)).rstrip()
+    except OSError:
+        return ""
+
+
+def log_failure(name: str, what: str, log_path: Path) -> ChildProcessError_:
+    """A :class:`ChildProcessError_` saying ``name what``, with the log file's tail."""
+    tail = log_tail(log_path)
+    log = f"\n--- last lines of {log_path} ---\n{tail}" if tail else f" (see {log_path})"
+    return ChildProcessError_(f"{name} {what}{log}")
+
+
+def wait_healthy(
+    base_url: str,
+    proc: subprocess.Popen[Any],
+    *,
+    name: str,
+    log_path: Path,
+    timeout_s: float,
+    health_path: str = "/health",
+) -> float:
+    """Seconds until ``GET base_url + health_path`` answered 200, for a child logging to
+    ``log_path``; :class:`ChildProcessError_` (with the log tail) when the child exits first or
+    is not ready within ``timeout_s``."""
+    url = base_url + health_path
+    wait = poll_health(url, timeout_s=timeout_s, exit_code=proc.poll)
+    if wait.outcome == "exited":
+        raise log_failure(
+            name, f"exited with code {wait.exit_code} before {url} answered", log_path
+        )
+    if wait.outcome != "ready":
+        raise log_failure(
+            name,
+            f"not ready after {timeout_s:.0f} s ({url}: {wait.last}); raise --ready-timeout "
+            "if the model is still loading",
+            log_path,
+        )
+    return wait.waited_s
 
 
 def _failure(name: str, what: str, tail: _Tail) -> ChildProcessError_:
@@ -319,7 +396,7 @@ def run_supervised(
     """
     check_port_free(spec.host, spec.port)
     tail = _Tail(tail_lines)
-    proc = _spawn(spec.argv, spec.env, spec.name)
+    proc = spawn(spec.argv, name=spec.name, env=spec.env)
     pgid = proc.pid  # start_new_session: the child leads its own group
     reader = threading.Thread(
         target=_pump, args=(proc.stdout, tail, on_output), name="child-log", daemon=True
@@ -350,7 +427,7 @@ def run_to_completion(
     """Run a build step to the end, streaming its output; :class:`ChildProcessError_` with the
     log tail when it fails. SIGINT/SIGTERM are forwarded; the group is emptied on the way out."""
     tail = _Tail(tail_lines)
-    proc = _spawn(argv, env, name)
+    proc = spawn(argv, name=name, env=env)
     reader = threading.Thread(
         target=_pump, args=(proc.stdout, tail, on_output), name="step-log", daemon=True
     )

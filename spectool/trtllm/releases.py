@@ -3,16 +3,16 @@
 Releases (generations) spectool supports: ``0.21``, ``1.0``, ``1.1``, ``1.2`` (1.2.x) and ``main``
 (the newest main seen in source, commit 0004396, after 1.3.0rc29: the TensorRT backend is gone).
 
-Two kinds of knowledge live here:
+Two kinds of knowledge, two modules:
 
-* **Option tables** (:func:`load_schema`): every LLM-API config class of a release, its fields,
-  types, defaults and accepted keys. They are generated from the research extraction of
+* **Option tables** (:func:`load_schema`, in :mod:`spectool.trtllm.options`): every LLM-API
+  config class of a release, its fields, types, defaults and accepted keys. They are generated from the research extraction of
   ``tensorrt_llm/llmapi/llm_args.py`` by ``scripts/extract_trtllm_schema.py`` and shipped as
   ``spectool/trtllm/schema/<release>.json``. 0.21 has no extraction of its own: it is 1.0 plus
   the deltas read in a pre-1.0 llm_args.py (see the script), so it is approximate outside
   ``speculative_config``.
-* **Policy** (:func:`release_info`): which ``decoding_type`` spelling and which drafter key spectool
-  writes per method, which backends and methods exist, ``trtllm-serve`` flags, architectures
+* **Policy** (:func:`release_info`, here; per method in :mod:`spectool.trtllm.method_specs`):
+  which ``decoding_type`` spelling and which drafter key spectool writes per method, which backends and methods exist, ``trtllm-serve`` flags, architectures
   documented for Eagle3 and MTP, SM requirements. Sources are cited inline with the tags of
   ``../shared/research/trtllm.md``: [SRC] source read, [DOC] docs/release notes, [ISSUE] GitHub
   thread, [INFER] inference, not verified.
@@ -46,19 +46,51 @@ main        ``Eagle3``      ``Draft_Target``   ``speculative_model``
 from __future__ import annotations
 
 import functools
-import importlib.metadata
-import json
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from importlib import resources
+from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Literal
 
+from spectool import methods
 from spectool.errors import ConfigError
 
-RELEASES: tuple[str, ...] = ("0.21", "1.0", "1.1", "1.2", "main")
-METHODS: tuple[str, ...] = ("eagle3", "eagle", "draft_model", "mtp", "ngram", "medusa")
+# Option tables and version mapping live in their own modules; their names stay importable here.
+from spectool.trtllm.method_specs import MethodSpec, method_refusals, method_specs
+from spectool.trtllm.options import (
+    RELEASES,
+    ClassSpec,
+    FieldSpec,
+    ReleaseSchema,
+    SpeculativeDispatch,
+    UnionSpec,
+    check_release,
+    load_schema,
+)
+from spectool.trtllm.versions import detect_installed_version, release_for_version
+
+__all__ = [
+    "BACKENDS",
+    "DRAFTER_KINDS",
+    "METHODS",
+    "RELEASES",
+    "ClassSpec",
+    "FieldSpec",
+    "MethodSpec",
+    "ReleaseInfo",
+    "ReleaseSchema",
+    "SpeculativeDispatch",
+    "UnionSpec",
+    "check_backend",
+    "check_method",
+    "check_release",
+    "detect_installed_version",
+    "load_schema",
+    "release_for_version",
+    "release_info",
+]
+
+# The universe of method names is spectool.methods'; which release runs which is decided here.
+METHODS: tuple[str, ...] = methods.METHODS
 BACKENDS: tuple[str, ...] = ("pytorch", "tensorrt")
 DRAFTER_KINDS: tuple[str, ...] = ("causal_lm", "eagle1", "eagle3", "medusa", "mtp")
 
@@ -67,163 +99,8 @@ CudaGraphStyle = Literal["flat", "config", "config_mode"]
 
 
 # --------------------------------------------------------------------------------------------
-# Option tables (generated from the research schema extraction)
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class FieldSpec:
-    """One pydantic field of a TensorRT-LLM config class: annotation as written in the source."""
-
-    name: str
-    annotation: str
-    default: str
-    keys: tuple[str, ...]
-    required: bool
-
-
-@dataclass(frozen=True)
-class ClassSpec:
-    """One TensorRT-LLM config class; ``keys`` maps every accepted YAML key to its field name."""
-
-    name: str
-    extra: str
-    fields: Mapping[str, FieldSpec]
-    keys: Mapping[str, str]
-
-
-@dataclass(frozen=True)
-class UnionSpec:
-    """A ``TypeAlias`` union discriminated on one key (``default`` when the key is absent)."""
-
-    discriminator: str
-    default: str
-    members: Mapping[str, str]
-
-
-@dataclass(frozen=True)
-class SpeculativeDispatch:
-    """How ``speculative_config`` picks its class: ``from_dict`` (≤1.1) or a discriminator."""
-
-    field: str
-    dispatch: Literal["from_dict", "discriminator"]
-    decoding_types: Mapping[str, str]
-    doc_aliases: Mapping[str, str]
-
-    def class_for(self, spelling: str) -> str | None:
-        """Config class for a ``decoding_type`` spelling (documented aliases included)."""
-        canonical = self.doc_aliases.get(spelling, spelling)
-        return self.decoding_types.get(canonical)
-
-    def accepted(self) -> tuple[str, ...]:
-        return tuple(self.decoding_types) + tuple(self.doc_aliases)
-
-
-@dataclass(frozen=True)
-class ReleaseSchema:
-    """Every LLM-API option class of one release (see ``scripts/extract_trtllm_schema.py``)."""
-
-    release: str
-    label: str
-    source: str
-    top_level: Mapping[str, str | None]
-    speculative: SpeculativeDispatch
-    unions: Mapping[str, UnionSpec]
-    aliases: Mapping[str, str]
-    enums: Mapping[str, tuple[Any, ...]]
-    classes: Mapping[str, ClassSpec]
-
-    def cls(self, name: str) -> ClassSpec | None:
-        """The class called ``name`` (following ``CudaGraphConfig = ...`` style aliases)."""
-        return self.classes.get(self.aliases.get(name, name))
-
-    def decoding_class(self, decoding_type: str) -> ClassSpec | None:
-        """The config class (fields, types, defaults) behind a ``decoding_type`` spelling."""
-        name = self.speculative.class_for(decoding_type)
-        return self.classes.get(name) if name else None
-
-    def top_class(self, backend: str) -> ClassSpec:
-        name = self.top_level.get(backend)
-        spec = self.cls(name) if name else None
-        if spec is None:
-            raise ConfigError(
-                f"backend {backend!r}",
-                f"does not exist in TensorRT-LLM {self.release} "
-                f"(backends: {', '.join(b for b, c in self.top_level.items() if c)})",
-            )
-        return spec
-
-
-def _class_spec(name: str, raw: Mapping[str, Any]) -> ClassSpec:
-    fields: dict[str, FieldSpec] = {}
-    keys: dict[str, str] = {}
-    for fname, f in raw["fields"].items():
-        accepted = tuple(f.get("keys", [fname]))
-        fields[fname] = FieldSpec(
-            fname, f["type"], f["default"], accepted, bool(f.get("required", False))
-        )
-        for key in accepted:
-            keys[key] = fname
-    return ClassSpec(name, raw["extra"], MappingProxyType(fields), MappingProxyType(keys))
-
-
-@functools.cache
-def load_schema(release: str) -> ReleaseSchema:
-    """The shipped option table of ``release`` (one of :data:`RELEASES`)."""
-    check_release(release)
-    table = resources.files("spectool.trtllm").joinpath("schema").joinpath(f"{release}.json")
-    text = table.read_text(encoding="utf-8")
-    raw = json.loads(text)
-    spec = raw["speculative"]
-    return ReleaseSchema(
-        release=raw["release"],
-        label=raw["label"],
-        source=raw["source"],
-        top_level=MappingProxyType(dict(raw["top_level"])),
-        speculative=SpeculativeDispatch(
-            field=spec["field"],
-            dispatch=spec["dispatch"],
-            decoding_types=MappingProxyType(dict(spec["decoding_types"])),
-            doc_aliases=MappingProxyType(dict(spec["doc_aliases"])),
-        ),
-        unions=MappingProxyType(
-            {
-                n: UnionSpec(u["discriminator"], u["default"], MappingProxyType(u["members"]))
-                for n, u in raw["unions"].items()
-            }
-        ),
-        aliases=MappingProxyType(dict(raw["aliases"])),
-        enums=MappingProxyType({n: tuple(e["values"]) for n, e in raw["enums"].items()}),
-        classes=MappingProxyType({n: _class_spec(n, c) for n, c in raw["classes"].items()}),
-    )
-
-
-# --------------------------------------------------------------------------------------------
 # Policy per release
 # --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class MethodSpec:
-    """How spectool writes one method for one release and backend.
-
-    ``decoding_type`` is the spelling emitted; ``drafter_key`` the ``speculative_config`` key that
-    receives the drafter reference (None: no separate drafter, e.g. NGram, or built into the
-    engine); ``depth_keys`` every key set to ``max_draft_len``; ``fixed`` further
-    ``speculative_config`` fields spectool sets (overridable); ``top_level`` options the
-    documented examples pair with the method.
-    """
-
-    method: str
-    backend: str
-    decoding_type: str
-    config_class: str
-    drafter_key: str | None
-    drafter_required: bool
-    depth_keys: tuple[str, ...]
-    fixed: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
-    top_level: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
-    source: str = ""
 
 
 @dataclass(frozen=True)
@@ -325,162 +202,11 @@ _BACKEND_MISSING = {
 _PT = "pytorch"
 _TRT = "tensorrt"
 
-
-def _m(
-    method: str,
-    backend: str,
-    decoding_type: str,
-    config_class: str,
-    drafter_key: str | None,
-    depth_keys: tuple[str, ...],
-    *,
-    drafter_required: bool | None = None,
-    fixed: Mapping[str, Any] | None = None,
-    top_level: Mapping[str, Any] | None = None,
-    source: str = "",
-) -> MethodSpec:
-    return MethodSpec(
-        method=method,
-        backend=backend,
-        decoding_type=decoding_type,
-        config_class=config_class,
-        drafter_key=drafter_key,
-        drafter_required=drafter_key is not None if drafter_required is None else drafter_required,
-        depth_keys=depth_keys,
-        fixed=MappingProxyType(dict(fixed or {})),
-        top_level=MappingProxyType(dict(top_level or {})),
-        source=source,
-    )
-
-
-# The docs' DraftTarget and NGram examples pass disable_overlap_scheduler=True [DOC
-# speculative-decoding.md]; spectool writes the same so generated files match the documented ones.
-_TWO_MODEL_TOP = {"disable_overlap_scheduler": True}
-# NGram: 1.0/1.1 default max_matching_ngram_size is 0 and 0.21's is 4 while 1.2+ default to 2 and
-# the docs example uses 2; spectool writes 2 everywhere so the method means the same thing.
-_NGRAM_FIXED = {"max_matching_ngram_size": 2}
-
-
-def _methods(release: str) -> dict[tuple[str, str], MethodSpec]:
-    legacy = release in ("0.21", "1.0", "1.1")
-    eagle3_type = "Eagle" if legacy else "Eagle3"
-    eagle3_cls = "EagleDecodingConfig" if legacy else "Eagle3DecodingConfig"
-    dt_type = "DraftTarget" if legacy else "Draft_Target"
-    if release == "0.21":
-        drafter = "pytorch_weights_path"  # [SRC pre-1.0 llm_args.py: Eagle3Config(draft_model_path=
-        trt_drafter = "speculative_model"  #   pytorch_weights_path); ISSUE #5146, #5791]
-    elif release == "main":
-        drafter = trt_drafter = "speculative_model"
-    else:
-        drafter = trt_drafter = "speculative_model_dir"
-    # MTP depth: num_nextn_predict_layers up to 1.2 (equal to max_draft_len); main deprecates it.
-    mtp_depth: tuple[str, ...] = ("max_draft_len",)
-    if release != "main":
-        mtp_depth += ("num_nextn_predict_layers",)
-    ngram_depth = (
-        ("max_draft_len", "prompt_lookup_num_tokens") if release == "0.21" else ("max_draft_len",)
-    )
-    table = [
-        _m(
-            "eagle3",
-            _PT,
-            eagle3_type,
-            eagle3_cls,
-            drafter,
-            ("max_draft_len",),
-            source="[SRC] 1.0 EagleDecodingConfig.spec_dec_mode → EAGLE3; 1.2+ Eagle3 literal",
-        ),
-        # EAGLE-1/2 on PyTorch: TensorRT-LLM converts Eagle into Eagle3 (finding EAGLE_ALIAS).
-        _m(
-            "eagle",
-            _PT,
-            "Eagle",
-            "EagleDecodingConfig",
-            drafter,
-            ("max_draft_len",),
-            source="[SRC] TorchLlmArgs.validate_speculative_config: Eagle → Eagle3 with a warning",
-        ),
-        _m(
-            "draft_model",
-            _PT,
-            dt_type,
-            "DraftTargetDecodingConfig",
-            drafter,
-            ("max_draft_len",),
-            top_level=_TWO_MODEL_TOP,
-            source="[SRC] DraftTargetDecodingConfig.supports_backend == pytorch",
-        ),
-        _m(
-            "mtp",
-            _PT,
-            "MTP",
-            "MTPDecodingConfig",
-            "speculative_model" if release == "main" else None,
-            mtp_depth,
-            drafter_required=False,
-            source="[SRC] MTPDecodingConfig; main: num_nextn_predict_layers → max_draft_len",
-        ),
-        _m(
-            "ngram",
-            _PT,
-            "NGram",
-            "NGramDecodingConfig",
-            None,
-            ngram_depth,
-            fixed=_NGRAM_FIXED,
-            top_level=_TWO_MODEL_TOP,
-            source="[SRC] NGramDecodingConfig.supports_backend == pytorch",
-        ),
-    ]
-    if release != "main":
-        table += [
-            _m(
-                "eagle",
-                _TRT,
-                "Eagle",
-                "EagleDecodingConfig",
-                trt_drafter,
-                ("max_draft_len",),
-                drafter_required=release == "1.2",
-                source="[SRC] TrtLlmArgs: Eagle → SpeculativeDecodingMode.EAGLE (EAGLE-1/2)",
-            ),
-            _m(
-                "medusa",
-                _TRT,
-                "Medusa",
-                "MedusaDecodingConfig",
-                trt_drafter,
-                ("max_draft_len",),
-                drafter_required=False,
-                source="[SRC] MedusaDecodingConfig.supports_backend: not pytorch",
-            ),
-        ]
-    return {(m.method, m.backend): m for m in table}
-
-
-def _refusals(release: str) -> dict[tuple[str, str], str]:
-    out = {
-        ("medusa", _PT): (
-            "Medusa runs only on the legacy TensorRT backend (MedusaDecodingConfig."
-            "supports_backend excludes pytorch)"
-        ),
-        ("ngram", _TRT): "NGram is PyTorch-only (NGramDecodingConfig.supports_backend == pytorch)",
-        ("mtp", _TRT): "MTP is PyTorch-only (MTPDecodingConfig.supports_backend == pytorch)",
-        ("draft_model", _TRT): (
-            "trtllm-serve's TensorRT backend does not take DraftTarget (PyTorch-only in the LLM "
-            "API); the legacy draft_tokens_external engines need Triton's BLS or examples/run.py"
-        ),
-        ("eagle3", _TRT): (
-            "EAGLE-3 runs only on the PyTorch backend (TrtLlmArgs: \"'Eagle3' is only supported "
-            "on the PyTorch backend\"); the TensorRT backend's Eagle is EAGLE-1/2"
-        ),
-    }
-    if release == "main":
-        out[("medusa", _PT)] = (
-            "Medusa was removed with the TensorRT backend; TensorRT-LLM main has no "
-            "MedusaDecodingConfig"
-        )
-    return out
+# PyTorch releases that load the draft model from a local folder only: PR #10099 ("Auto download
+# speculative models from HF for pytorch backend", merged 2025-12-18) says "for the PyTorch /
+# AutoDeploy backends, the draft model for speculative decoding needs to be provided as a local
+# path"; it shipped with 1.2 (speculative_model with alias speculative_model_dir, v1.2.json).
+LOCAL_DRAFTER_RELEASES = frozenset({"0.21", "1.0", "1.1"})
 
 
 # supports_backend per decoding class [SRC llm_args.py of each generation]; 0.21 asserts the same
@@ -588,8 +314,8 @@ def _info(release: str) -> ReleaseInfo:
         serve_backend_argv=MappingProxyType(backend_argv),
         serve_flags=frozenset(flags),
         has_trtllm_build=legacy_trt,
-        methods=MappingProxyType(_methods(release)),
-        refusals=MappingProxyType(_refusals(release)),
+        methods=MappingProxyType(method_specs(release)),
+        refusals=MappingProxyType(method_refusals(release)),
         class_backends=MappingProxyType(class_backends),
         eagle3_architectures={"1.2": _EAGLE3_1_2, "main": _EAGLE3_MAIN}.get(release, _EAGLE3_0_21),
         mtp_architectures={"1.2": _MTP_1_2, "main": _MTP_MAIN}.get(release, _MTP_DEEPSEEK),
@@ -628,13 +354,6 @@ def release_info(release: str) -> ReleaseInfo:
     return _info(release)
 
 
-def check_release(release: str) -> None:
-    if release not in RELEASES:
-        raise ConfigError(
-            f"release {release!r}", f"unknown TensorRT-LLM release; known: {', '.join(RELEASES)}"
-        )
-
-
 def check_method(method: str) -> None:
     if method not in METHODS:
         raise ConfigError(
@@ -645,78 +364,3 @@ def check_method(method: str) -> None:
 def check_backend(backend: str) -> None:
     if backend not in BACKENDS:
         raise ConfigError(f"backend {backend!r}", f"unknown backend; known: {', '.join(BACKENDS)}")
-
-
-# --------------------------------------------------------------------------------------------
-# Installed version → generation
-# --------------------------------------------------------------------------------------------
-
-_VERSION_RE = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?([.\-+_]?[0-9A-Za-z.+\-_]*)\s*$")
-
-
-def release_for_version(version: str) -> str:
-    """Map an installed ``tensorrt_llm`` version string to the nearest known generation.
-
-    Rule: a version belongs to the generation of its ``major.minor``; pre-releases and dev or post
-    builds (``1.2.0rc6``, ``1.1.0.post1``) belong to the same generation, because the option set
-    of a release line is fixed during its release candidates. Except 1.3's candidates, mapped by
-    date (see ``_release_for_1_3_rc``): rc0-rc7 → ``1.2``, rc8-rc13 refused, rc14 on → ``main``.
-    Anything else newer than 1.2 (``1.3.0``, ``1.4.0.dev2026``, 2.x) maps to ``main``, the newest
-    source spectool has read. ``0.21.x`` maps
-    to ``0.21``; 0.22–0.99 never shipped and map to ``1.0``, the next line. Versions older than
-    0.21 are refused (:class:`ConfigError`).
-    """
-    if version.strip() == "main":
-        return "main"
-    match = _VERSION_RE.match(version)
-    if not match:
-        raise ConfigError("tensorrt_llm version", f"cannot parse {version!r}")
-    major, minor = int(match.group(1)), int(match.group(2))
-    if (major, minor) < (0, 21):
-        raise ConfigError(
-            "tensorrt_llm version",
-            f"{version} is older than 0.21, the oldest TensorRT-LLM spectool supports",
-        )
-    if major == 0:
-        return "0.21" if minor == 21 else "1.0"
-    if major == 1 and minor <= 2:
-        return f"1.{minor}"
-    if (major, minor) == (1, 3):
-        rc = re.match(r"^\.?0\.?rc(\d+)", (match.group(3) or "") + match.group(4))
-        if rc is not None:
-            return _release_for_1_3_rc(version, int(rc.group(1)))
-    return "main"
-
-
-# 1.3 release candidates by date. v1.3.0rc7 was released 2026-03-10 (GitHub release page), three
-# days before PR #10860 (one-model dynamic draft length, upper-bound schedule keys) merged on
-# 2026-03-13; PR #12905 renamed acceptance_window/acceptance_length_threshold to
-# acceptance_rate_window_size/acceptance_rate_threshold in April 2026; v1.3.0rc14 was the newest
-# pre-release on 2026-05-18 (NGC image referenced that day). So rc0-rc7 have 1.2's rules, rc14 on
-# have main's, and rc8-rc13 fall between the two merges in an order spectool cannot date.
-_RC_AS_1_2_UP_TO = 7
-_RC_AS_MAIN_FROM = 14
-
-
-def _release_for_1_3_rc(version: str, rc: int) -> str:
-    if rc <= _RC_AS_1_2_UP_TO:
-        return "1.2"
-    if rc >= _RC_AS_MAIN_FROM:
-        return "main"
-    raise ConfigError(
-        "tensorrt_llm version",
-        f"{version} was cut between PR #10860 (2026-03-13: one-model draft_len_schedule, keys "
-        "become upper bounds) and PR #12905 (April 2026: acceptance_* fields renamed); spectool "
-        "cannot tell which rules it has. Use 1.3.0rc14 or newer, 1.2.x, or pass --trtllm-version "
-        "1.2 or main if you know which side it is on",
-    )
-
-
-def detect_installed_version() -> str | None:
-    """The installed ``tensorrt_llm`` distribution version, or None when it is not installed."""
-    for name in ("tensorrt_llm", "tensorrt-llm"):
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None

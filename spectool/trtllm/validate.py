@@ -7,7 +7,7 @@ fails minutes into a server start; spectool refuses it before launching anything
 
 Two paths:
 
-* **installed** — when ``tensorrt_llm`` is installed and its version maps to the requested
+* **installed** (:mod:`spectool.trtllm.validate_installed`) — when ``tensorrt_llm`` is installed and its version maps to the requested
   release (:func:`spectool.trtllm.releases.release_for_version`), each top-level option is
   validated by the installed pydantic field type (``TypeAdapter(field.annotation)``;
   ``DecodingBaseConfig.from_dict`` for ``speculative_config`` in the generations that dispatch
@@ -28,11 +28,8 @@ Every failure is a :class:`spectool.errors.ConfigError` whose ``where`` is the k
 from __future__ import annotations
 
 import ast
-import copy
 import difflib
 import functools
-import importlib
-import json
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
@@ -42,8 +39,6 @@ from spectool.trtllm.releases import (
     ReleaseInfo,
     ReleaseSchema,
     check_backend,
-    detect_installed_version,
-    release_for_version,
     release_info,
 )
 
@@ -89,10 +84,10 @@ def validate_options(
     if not isinstance(options, Mapping):
         raise ConfigError("options", f"the YAML root must be a mapping, got {_kind(options)}")
     if use_installed:
-        version = detect_installed_version()
-        if version is not None and _generation_of(version) == release:
-            if _validate_installed(options, backend, version):
-                return
+        from spectool.trtllm.validate_installed import validate_with_installed
+
+        if validate_with_installed(options, release, backend):
+            return
     _Checker(info, backend).check_top(options)
 
 
@@ -448,86 +443,3 @@ class _Checker:
                 "cuda_graph_max_batch_size",
                 f"do not set both cuda_graph_batch_sizes and cuda_graph_max_batch_size in {self.rel}",
             )
-
-
-# --------------------------------------------------------------------------------------------
-# Installed path (runs only where TensorRT-LLM is installed)
-# --------------------------------------------------------------------------------------------
-
-
-def _generation_of(version: str) -> str | None:
-    try:
-        return release_for_version(version)
-    except ConfigError:
-        return None
-
-
-def _validate_installed(options: Mapping[str, Any], backend: str, version: str) -> bool:
-    """Validate with the installed package; False when it cannot be used (then: built-in)."""
-    try:
-        llm_args = importlib.import_module("tensorrt_llm.llmapi.llm_args")
-    except Exception:  # any import failure (CUDA libraries, MPI) means: not usable here
-        return _validate_json_schema(options, version)
-    from pydantic import AliasChoices, TypeAdapter, ValidationError
-
-    cls = getattr(llm_args, "TorchLlmArgs" if backend == "pytorch" else "TrtLlmArgs", None)
-    if cls is None:
-        raise ConfigError(f"backend {backend!r}", f"not in the installed TensorRT-LLM {version}")
-    fields = cls.model_fields
-    keys: dict[str, str] = {}
-    for name, f in fields.items():
-        keys.setdefault(name, name)
-        alias = f.validation_alias
-        choices = alias.choices if isinstance(alias, AliasChoices) else [alias]
-        for choice in choices:
-            if isinstance(choice, str):
-                keys[choice] = name
-        if f.alias:
-            keys[f.alias] = name
-    from_dict = getattr(getattr(llm_args, "DecodingBaseConfig", None), "from_dict", None)
-    for key, value in options.items():
-        name = keys.get(key)
-        if name is None:
-            raise ConfigError(str(key), f"unknown option for the installed TensorRT-LLM {version}")
-        value = copy.deepcopy(value)
-        try:
-            if name == "speculative_config" and isinstance(value, dict) and from_dict:
-                from_dict(value)
-            else:
-                TypeAdapter(fields[name].annotation).validate_python(value)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            loc = ".".join(str(p) for p in first.get("loc", ()))
-            raise ConfigError(
-                _join(key, loc) if loc else key, f"{first['msg']} (TensorRT-LLM {version})"
-            ) from exc
-        except (ValueError, TypeError, AssertionError) as exc:
-            raise ConfigError(key, f"{exc} (TensorRT-LLM {version})") from exc
-    return True
-
-
-def _validate_json_schema(options: Mapping[str, Any], version: str) -> bool:
-    """Validate with ``tensorrt_llm/schemas/trtllm-serve-config.schema.json`` if usable."""
-    import importlib.metadata
-
-    try:
-        import jsonschema  # optional; not a spectool dependency
-    except ImportError:
-        return False
-    try:
-        dist = importlib.metadata.distribution("tensorrt_llm")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    path = dist.locate_file("tensorrt_llm/schemas/trtllm-serve-config.schema.json")
-    try:
-        schema = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    errors = sorted(
-        jsonschema.Draft202012Validator(schema).iter_errors(dict(options)), key=lambda e: e.path
-    )
-    if errors:
-        first = errors[0]
-        where = ".".join(str(p) for p in first.absolute_path) or "options"
-        raise ConfigError(where, f"{first.message} (TensorRT-LLM {version} JSON schema)")
-    return True

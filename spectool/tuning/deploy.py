@@ -19,6 +19,7 @@ is still a valid config) and the manifest says so; ``serve`` then runs the basel
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,40 +39,31 @@ class Deployment:
     notes: tuple[str, ...]
 
 
-def write_decision(result: TuneResult, out: Path) -> Path:
-    """``DIR/decision.json`` (2-space JSON, trailing newline), atomically."""
-    text = json.dumps(result.to_decision_json(), indent=2) + "\n"
+def write_decision(
+    result: TuneResult, out: Path, *, extra: Mapping[str, object] | None = None
+) -> Path:
+    """``DIR/decision.json`` (2-space JSON, trailing newline), atomically; ``extra`` keys
+    (a method comparison's ``methods``) are added to the decision's."""
+    text = json.dumps({**result.to_decision_json(), **(extra or {})}, indent=2) + "\n"
     return atomic_write_text(out / DECISION_NAME, text)
 
 
-def write_deployment(resolved: ResolvedTune, result: TuneResult, out: Path) -> Deployment:
+def write_deployment(
+    resolved: ResolvedTune,
+    result: TuneResult,
+    out: Path,
+    *,
+    extra: Mapping[str, object] | None = None,
+) -> Deployment:
     """Write ``decision.json``, then the build folder for it in ``out`` (module docstring)."""
-    from spectool.deploy.build import BuildRequest, check_build, plan_build, write_build
+    from spectool.deploy.build import check_build, plan_build, write_build
 
-    decision_path = write_decision(result, out)
-    req, report = resolved.request, resolved.report
-    drafter = report.drafter.ref if report.drafter is not None else None
-    if drafter is None and report.method == "mtp":
-        drafter = "self"
+    decision_path = write_decision(result, out, extra=extra)
+    # the decision's own max_draft_len wins when it speculates (build checks they agree); DIR
+    # holds tune's own files and build replaces only its own (force)
+    max_draft_len = None if result.max_draft_len > 0 else resolved.max_draft_len
     inputs = check_build(
-        BuildRequest(
-            target=report.target.ref,
-            drafter=drafter,
-            method=report.method,
-            # the decision's own max_draft_len wins when it speculates (build checks they agree)
-            max_draft_len=None if result.max_draft_len > 0 else resolved.max_draft_len,
-            out=out,
-            engine=resolved.engine,
-            trtllm_version=req.trtllm_version,
-            trtllm_backend=req.trtllm_backend,
-            gpu=req.gpu if resolved.engine == "trtllm" else None,
-            tp=req.tp,
-            max_batch_size=resolved.build_max_batch_size,
-            max_seq_len=resolved.build_max_seq_len,
-            decision=decision_path,
-            force=True,  # DIR holds tune's own files; build replaces only its own
-            trust_remote_code=req.trust_remote_code,
-        )
+        resolved.build_request(out, max_draft_len=max_draft_len, decision=decision_path)
     )
     if inputs.report.errors:
         problems = "; ".join(f.message for f in inputs.report.errors)

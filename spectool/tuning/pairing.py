@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from spectool.decide.cost import CellVerdict
 from spectool.decide.paired import BlockPair, PairedCell, paired_estimate, settled
+from spectool.decide.verdict import CellVerdict
 from spectool.measure.runner import TrialResult
 from spectool.tuning.trials import pooled_cell
 

@@ -15,13 +15,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from spectool.decide.stats import acceptance_curves
+from spectool.tuning.outcome import TuneOutcome
 from spectool.tuning.setup import PLOT_NAMES
-from spectool.tuning.stats import acceptance_curves
-
-if TYPE_CHECKING:
-    from spectool.tuning.session import TuneOutcome
 
 DPI = 120
 
@@ -36,14 +34,20 @@ def _pyplot() -> Any:
 
 
 def _save(fig: Any, path: Path) -> Path:
-    """Save through a temporary name and a rename (a reader never sees half a PNG)."""
+    """Save through a temporary name and a rename (a reader never sees half a PNG), then close
+    the figure (also when saving fails)."""
     import io
+
+    import matplotlib.pyplot as plt
 
     from spectool.io import atomic_write_bytes
 
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")
-    return atomic_write_bytes(path, buffer.getvalue())
+    try:
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")
+        return atomic_write_bytes(path, buffer.getvalue())
+    finally:
+        plt.close(fig)
 
 
 def speedup_heatmap(outcome: TuneOutcome, path: Path) -> Path:
@@ -135,10 +139,7 @@ def speedup_heatmap(outcome: TuneOutcome, path: Path) -> Path:
     bar = fig.colorbar(image, ax=ax, label="rhs / lhs (>1: speculation pays)")
     ticks = [-spread, -spread / 2, 0.0, spread / 2, spread]
     bar.set_ticks(ticks, labels=[f"{2.0**t:.2f}" for t in ticks])
-    try:
-        return _save(fig, path)
-    finally:
-        plt.close(fig)
+    return _save(fig, path)
 
 
 def latency_vs_concurrency(outcome: TuneOutcome, path: Path) -> Path:
@@ -173,10 +174,7 @@ def latency_vs_concurrency(outcome: TuneOutcome, path: Path) -> Path:
     ax.set_title("per-token latency by draft length (measured cells, 95% CI)", fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    try:
-        return _save(fig, path)
-    finally:
-        plt.close(fig)
+    return _save(fig, path)
 
 
 def acceptance_per_position(outcome: TuneOutcome, path: Path) -> Path:
@@ -218,10 +216,7 @@ def acceptance_per_position(outcome: TuneOutcome, path: Path) -> Path:
     ax.grid(True, alpha=0.3)
     if curves:
         ax.legend(fontsize=8)
-    try:
-        return _save(fig, path)
-    finally:
-        plt.close(fig)
+    return _save(fig, path)
 
 
 def write_plots(outcome: TuneOutcome) -> list[Path]:

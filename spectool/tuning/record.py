@@ -8,7 +8,7 @@ verdicts without spectool:
 * ``cells``: per measured (concurrency, k) cell its trial labels, whether it was measured in this
   run or reused from an earlier one, the cost-inequality verdict (every field of
   :class:`~spectool.decide.cost.CellVerdict`), the latency/throughput summary
-  (:class:`~spectool.tuning.stats.CellStats`) and the raw inputs: per request (send, first token,
+  (:class:`~spectool.decide.stats.CellStats`) and the raw inputs: per request (send, first token,
   end, tokens), per decode step (draft/verify/coord ms, batch, confirmed tokens) and per-position
   acceptance counts;
 * ``cost_model``, ``predictions`` (every cell of the grid), ``prediction_checks`` (predicted
@@ -22,17 +22,15 @@ import dataclasses
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import spectool
 from spectool.decide.cell import CellMeasurement
 from spectool.io import atomic_write_text
+from spectool.tuning.outcome import TuneOutcome
 from spectool.tuning.pairing import LOOK_EVERY, LOOKS, MAX_PAIRS
 from spectool.tuning.setup import TUNE_NAME
 from spectool.tuning.trials import BLOCK_WAVES
-
-if TYPE_CHECKING:
-    from spectool.tuning.session import TuneOutcome
 
 TUNE_FORMAT = "spectool.tune/1"
 

@@ -4,7 +4,7 @@ Sections: the decision (draft length per concurrency, break-even, the files writ
 measured; runs used against the full grid; per-token latency, per-user tokens/s and throughput
 for every measured ``k`` x concurrency with bootstrap intervals; the cost inequality's terms per
 cell; predicted against measured; acceptance per position; the fitted step-cost model; notes.
-Numbers come from :class:`~spectool.tuning.session.TuneOutcome` only; nothing is recomputed here.
+Numbers come from :class:`~spectool.tuning.outcome.TuneOutcome` only; nothing is recomputed here.
 """
 
 from __future__ import annotations
@@ -12,15 +12,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from spectool.decide.stats import Interval, acceptance_curves
+from spectool.decide.verdict import CellVerdict
 from spectool.io import atomic_write_text
+from spectool.tuning.outcome import TuneOutcome
 from spectool.tuning.setup import PLOT_NAMES, REPORT_NAME
-from spectool.tuning.stats import Interval, acceptance_curves
-
-if TYPE_CHECKING:
-    from spectool.decide.cost import CellVerdict
-    from spectool.tuning.session import TuneOutcome
 
 DASH = "–"
 
@@ -73,10 +70,10 @@ def design_line(verdicts: Sequence[CellVerdict]) -> str:
     return "; ".join(f"{d}: {text[d]}" for d in designs) + "." if designs else "no cells."
 
 
-def _noise_section(verdicts: Sequence[CellVerdict]) -> list[str]:
+def _noise_section(outcome: TuneOutcome) -> list[str]:
     """Per cell: design, pairs, their spread, each arm's drift; why a cell is inconclusive."""
     rows = []
-    for v in verdicts:
+    for v in outcome.result.cells:
         est = v.paired
         if est is None:
             rows.append([str(v.concurrency), str(v.k), v.design, DASH, DASH, DASH, DASH, DASH])
@@ -117,26 +114,49 @@ def _noise_section(verdicts: Sequence[CellVerdict]) -> list[str]:
 
 
 def report_markdown(outcome: TuneOutcome) -> str:
-    """The report's text (see the module docstring)."""
+    """The report's text (see the module docstring): its sections in order."""
+    sections = (
+        _title,
+        _decision_section,
+        _measurement_section,
+        _runs_section,
+        _latency_section,
+        _inequality_section,
+        _noise_section,
+        _predictions_section,
+        _acceptance_section,
+        _model_section,
+        _figures_section,
+        _notes_section,
+    )
+    lines = [line for section in sections for line in section(outcome)]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _title(outcome: TuneOutcome) -> list[str]:
     result, resolved = outcome.result, outcome.resolved
-    req = resolved.request
     report = resolved.report
-    concs = result.concurrencies
-    verdicts = {(v.concurrency, v.k): v for v in result.cells}
-    lines: list[str] = []
     drafter = report.drafter.ref if report.drafter is not None else "(none)"
-    lines += [
+    return [
         "# spectool tune report",
         "",
         f"Target `{report.target.ref}`, drafter `{drafter}`, method `{resolved.method}`, engine "
         f"`{resolved.engine}`, draft lengths searched 0..{result.searched_max_draft_len}, "
-        f"concurrencies {', '.join(map(str, concs))}.",
-        "",
-        "## Decision",
+        f"concurrencies {', '.join(map(str, result.concurrencies))}.",
         "",
     ]
+
+
+def _decision_section(outcome: TuneOutcome) -> list[str]:
+    """The choice per concurrency, then break-even, the schedule, the rule and the files."""
+    return ["## Decision", "", *_decision_table(outcome), *_decision_notes(outcome)]
+
+
+def _decision_table(outcome: TuneOutcome) -> list[str]:
+    result = outcome.result
+    verdicts = {(v.concurrency, v.k): v for v in result.cells}
     rows = []
-    for c in concs:
+    for c in result.concurrencies:
         k = result.choices[c]
         base = outcome.stats.get((c, 0))
         chosen = outcome.stats.get((c, k))
@@ -152,64 +172,81 @@ def report_markdown(outcome: TuneOutcome) -> str:
         rows.append(
             [str(c), str(k), ratio, verdict, speed, str(result.predicted_choices.get(c, DASH))]
         )
-    lines += _table(
-        [
-            "concurrency",
-            "chosen k",
-            "ratio lhs/rhs (CI)",
-            "verdict",
-            "tokens/s per user (chosen vs off)",
-            "predicted k",
-        ],
-        rows,
-    )
+    header = [
+        "concurrency",
+        "chosen k",
+        "ratio lhs/rhs (CI)",
+        "verdict",
+        "tokens/s per user (chosen vs off)",
+        "predicted k",
+    ]
+    return _table(header, rows)
+
+
+def _decision_notes(outcome: TuneOutcome) -> list[str]:
+    result = outcome.result
     be = result.break_even_concurrency
-    lines += [
+    if result.schedule:
+        schedule = "`" + str(dict(sorted(result.schedule.items()))) + "`"
+    else:
+        schedule = "none: speculation pays nowhere, so no speculation is written"
+    gate = (
+        f"; as `max_draft_len` + `max_concurrency`: {result.gate.max_draft_len} up to "
+        f"{result.gate.max_concurrency}."
+        if result.gate is not None
+        else "."
+    )
+    return [
         f"- Break-even concurrency: **{be if be is not None else 'none measured'}** "
         + (
             "(speculation is off from here on)."
             if be is not None
             else "(speculation still pays at the largest concurrency measured)."
         ),
-        f"- `draft_len_schedule` ({result.schedule_semantics} semantics): "
-        + (
-            "`" + str(dict(sorted(result.schedule.items()))) + "`"
-            if result.schedule
-            else "none: speculation pays nowhere, so no speculation is written"
-        )
-        + (
-            f"; as `max_draft_len` + `max_concurrency`: {result.gate.max_draft_len} up to "
-            f"{result.gate.max_concurrency}."
-            if result.gate is not None
-            else "."
-        ),
+        f"- `draft_len_schedule` ({result.schedule_semantics} semantics): " + schedule + gate,
         "- Rule: at each concurrency the draft length whose whole "
-        f"{req.confidence:.0%} interval of lhs/rhs lies below 1 (`pays`) with the best "
-        "measured step cost per confirmed token; 0 when none pays (an interval straddling 1 is "
-        "`inconclusive`). No choice may exceed the one at the smallest concurrency "
-        "(TensorRT-LLM's schedule starts with max_draft_len), so the writable set with the best "
-        "sum of ratios over concurrencies is chosen; only there, at the smallest concurrency, "
-        "may an inconclusive cell be kept, when it lets larger concurrencies use cells that pay "
-        "(a note says so).",
+        f"{outcome.resolved.request.confidence:.0%} interval of lhs/rhs lies below 1 (`pays`) "
+        "with the best measured step cost per confirmed token; 0 when none pays (an interval "
+        "straddling 1 is `inconclusive`). No choice may exceed the one at the smallest "
+        "concurrency (TensorRT-LLM's schedule starts with max_draft_len), so the writable set "
+        "with the best sum of ratios over concurrencies is chosen; only there, at the smallest "
+        "concurrency, may an inconclusive cell be kept, when it lets larger concurrencies use "
+        "cells that pay (a note says so).",
         "",
         "Files: " + ", ".join(f"`{Path(p).name}`" for p in outcome.files) + ".",
         "",
     ]
-    # -- how it was measured
-    lines += [
+
+
+def _measurement_section(outcome: TuneOutcome) -> list[str]:
+    """The workload, the requests per cell, the server settings, the intervals."""
+    resolved = outcome.resolved
+    req = resolved.request
+    prompts = outcome.prompts
+    return [
         "## Measurement",
         "",
-        f"- Workload: {outcome.prompts.source} ({len(outcome.prompts.prompts)} prompts, "
-        f"id `{outcome.prompts.workload_id}`); every request asks for exactly "
+        f"- Workload: {prompts.source} ({len(prompts.prompts)} prompts, "
+        f"id `{prompts.workload_id}`); every request asks for exactly "
         f"{resolved.max_tokens} output tokens at temperature 0.",
         "- Each cell: "
-        + ", ".join(f"c={c}: {max(resolved.num_prompts, 2 * c)} requests" for c in concs)
+        + ", ".join(
+            f"c={c}: {max(resolved.num_prompts, 2 * c)} requests"
+            for c in outcome.result.concurrencies
+        )
         + f" per trial, after a warmup wave of c requests; {req.repeats} trial(s) per cell, "
         "closed loop (c requests always in flight).",
         f"- Server settings: {outcome.setup.server}.",
         f"- Intervals: {req.confidence:.0%} percentile bootstrap ({req.n_boot} resamples): "
         "decode steps in moving blocks for lhs/rhs, requests for latency and throughput.",
         "",
+    ]
+
+
+def _runs_section(outcome: TuneOutcome) -> list[str]:
+    """Cells used against the full grid, trials, server starts, times, the design."""
+    result = outcome.result
+    return [
         "## Runs",
         "",
         f"- Cells the decision rests on: **{result.runs_used}** of the full grid's "
@@ -221,70 +258,80 @@ def report_markdown(outcome: TuneOutcome) -> str:
         f"{outcome.wall_s:.1f} s.",
         f"- Design: {design_line(result.cells)}",
         "",
+    ]
+
+
+def _latency_section(outcome: TuneOutcome) -> list[str]:
+    """Per-token latency, per-user tokens/s and throughput: one k x concurrency table each."""
+    return [
         "## Latency and throughput per k x concurrency",
         "",
         "Measured cells only (a dash: not measured, the model predicted it is not the best).",
         "",
+        *_grid_table(
+            outcome,
+            "ms per output token (token-weighted TPOT, CI)",
+            lambda s: _iv(s.ms_per_token),
+        ),
+        *_grid_table(outcome, "tokens/s per user (CI)", lambda s: _iv(s.tokens_per_s_per_user, 1)),
+        *_grid_table(
+            outcome,
+            "throughput, output tokens/s (c x tokens per request / E2E, CI)",
+            lambda s: _iv(s.throughput_tokens_per_s, 1),
+        ),
     ]
-    lines += _grid_table(
-        outcome, "ms per output token (token-weighted TPOT, CI)", lambda s: _iv(s.ms_per_token)
-    )
-    lines += _grid_table(
-        outcome, "tokens/s per user (CI)", lambda s: _iv(s.tokens_per_s_per_user, 1)
-    )
-    lines += _grid_table(
-        outcome,
-        "throughput, output tokens/s (c x tokens per request / E2E, CI)",
-        lambda s: _iv(s.throughput_tokens_per_s, 1),
-    )
-    # -- the inequality
-    lines += [
+
+
+def _inequality_section(outcome: TuneOutcome) -> list[str]:
+    """The cost inequality's terms, ratio, interval and speedups per speculative cell."""
+    rows = [
+        [
+            str(v.concurrency),
+            str(v.k),
+            f"{v.lhs_ms_per_token:.3f}",
+            f"{v.rhs_ms_per_token:.3f}",
+            f"{v.ratio:.3f}",
+            f"{v.ci_low:.3f}{DASH}{v.ci_high:.3f}",
+            v.verdict.replace("_", " "),
+            v.source,
+            _num(v.tokens_per_step_measured),
+            _num(v.tokens_per_step_predicted),
+            _num(v.step_cost_ratio, 3),
+            _num(v.predicted_speedup, 3),
+            f"{v.measured_speedup:.3f}",
+        ]
+        for v in outcome.result.cells
+    ]
+    header = [
+        "c",
+        "k",
+        "lhs ms",
+        "rhs ms",
+        "ratio",
+        "CI",
+        "verdict",
+        "from",
+        "tokens/step meas.",
+        "tokens/step pred.",
+        "step cost ratio",
+        "speedup pred.",
+        "speedup meas.",
+    ]
+    return [
         "## The cost inequality per cell",
         "",
         "lhs = (t_draft + t_verify + t_coord) / confirmed tokens, rhs = decode time per token "
         "without speculation at the same concurrency, both in ms per token.",
         "",
+        *_table(header, rows),
     ]
-    rows = []
-    for v in result.cells:
-        rows.append(
-            [
-                str(v.concurrency),
-                str(v.k),
-                f"{v.lhs_ms_per_token:.3f}",
-                f"{v.rhs_ms_per_token:.3f}",
-                f"{v.ratio:.3f}",
-                f"{v.ci_low:.3f}{DASH}{v.ci_high:.3f}",
-                v.verdict.replace("_", " "),
-                v.source,
-                _num(v.tokens_per_step_measured),
-                _num(v.tokens_per_step_predicted),
-                _num(v.step_cost_ratio, 3),
-                _num(v.predicted_speedup, 3),
-                f"{v.measured_speedup:.3f}",
-            ]
-        )
-    lines += _table(
-        [
-            "c",
-            "k",
-            "lhs ms",
-            "rhs ms",
-            "ratio",
-            "CI",
-            "verdict",
-            "from",
-            "tokens/step meas.",
-            "tokens/step pred.",
-            "step cost ratio",
-            "speedup pred.",
-            "speedup meas.",
-        ],
-        rows,
-    )
-    lines += _noise_section(result.cells)
-    # -- predicted vs measured
-    lines += ["## Predicted against measured", ""]
+
+
+def _predictions_section(outcome: TuneOutcome) -> list[str]:
+    """Measured cells against their predictions, then the predicted ratio of every cell."""
+    result = outcome.result
+    concs = result.concurrencies
+    lines = ["## Predicted against measured", ""]
     if result.checks:
         rows = [
             [
@@ -315,69 +362,81 @@ def report_markdown(outcome: TuneOutcome) -> str:
             "",
             *_table(["", *(f"c={c}" for c in concs)], rows),
         ]
-    # -- acceptance
-    lines += ["## Acceptance per position", ""]
-    acc_rows = []
+    return lines
+
+
+def _acceptance_rows(outcome: TuneOutcome) -> list[list[str]]:
+    """Per speculative cell its tokens per step and ``alpha_i``, with a ``pooled`` row per
+    concurrency of several cells (as the acceptance plot pools them), padded to one width."""
+    rows = []
     for (c, k), s in sorted(outcome.stats.items()):
         if k > 0 and s.alphas is not None:
-            acc_rows.append(
-                [str(c), str(k), _num(s.tokens_per_step), *(f"{a:.3f}" for a in s.alphas)]
-            )
+            rows.append([str(c), str(k), _num(s.tokens_per_step), *(f"{a:.3f}" for a in s.alphas)])
     curves, per_position = acceptance_curves(outcome.cells)
     for c, alphas in sorted(curves.items()):
         ks = [k for (c2, k), s in outcome.stats.items() if c2 == c and k > 0 and s.alphas]
         if per_position and len(ks) > 1:  # the plot pools a concurrency's cells: so does a row
-            acc_rows.append([str(c), "pooled", DASH, *(f"{a:.3f}" for a in alphas)])
-    acc_rows.sort(key=lambda r: (int(r[0]), r[1] == "pooled"))
-    if acc_rows:
-        width = max(len(r) for r in acc_rows) - 3
-        acc_rows = [r + [DASH] * (width + 3 - len(r)) for r in acc_rows]
-        lines += [
-            "alpha_i = P(position i accepted | positions before it accepted); E[tokens | k] = "
-            "1 + sum over i <= k of alpha_1 x ... x alpha_i. Rows `pooled` pool a concurrency's "
-            "cells, as the acceptance plot draws them.",
-            "",
-            *_table(["c", "k", "tokens/step", *(f"alpha_{i + 1}" for i in range(width))], acc_rows),
-        ]
-    else:
-        lines += [
+            rows.append([str(c), "pooled", DASH, *(f"{a:.3f}" for a in alphas)])
+    rows.sort(key=lambda r: (int(r[0]), r[1] == "pooled"))
+    width = max((len(r) for r in rows), default=0)
+    return [r + [DASH] * (width - len(r)) for r in rows]
+
+
+def _acceptance_section(outcome: TuneOutcome) -> list[str]:
+    rows = _acceptance_rows(outcome)
+    lines = ["## Acceptance per position", ""]
+    if not rows:
+        return lines + [
             "The engine reports no per-position counts; a constant acceptance rate was fitted "
             "to the measured tokens per step.",
             "",
         ]
-    # -- model
-    lines += ["## Step-cost model", ""]
-    model = result.cost_model
+    width = len(rows[0]) - 3
+    return lines + [
+        "alpha_i = P(position i accepted | positions before it accepted); E[tokens | k] = "
+        "1 + sum over i <= k of alpha_1 x ... x alpha_i. Rows `pooled` pool a concurrency's "
+        "cells, as the acceptance plot draws them.",
+        "",
+        *_table(["c", "k", "tokens/step", *(f"alpha_{i + 1}" for i in range(width))], rows),
+    ]
+
+
+def _model_section(outcome: TuneOutcome) -> list[str]:
+    """The fitted step-cost model's terms."""
+    model = outcome.result.cost_model
+    lines = ["## Step-cost model", ""]
     if model is None:
-        lines += ["Not fitted (no step times or acceptance were measured).", ""]
-    else:
-        lines += [
-            "t_step(b, k) = fixed + per_request x b + [k > 0] x (spec_fixed + per_draft_token "
-            "x b x k + per_draft_pass x k), in ms, fitted by non-negative least squares to "
-            f"{model.n_observations} cells (rms residual {model.rms_residual_ms:.3f} ms):",
-            "",
-            *_table(
-                ["fixed", "per_request", "spec_fixed", "per_draft_token", "per_draft_pass"],
-                [
-                    [
-                        f"{model.fixed_ms:.4f}",
-                        f"{model.per_request_ms:.4f}",
-                        f"{model.spec_fixed_ms:.4f}",
-                        f"{model.per_draft_token_ms:.4f}",
-                        f"{model.per_draft_pass_ms:.4f}",
-                    ]
-                ],
-            ),
-            f"Terms the measured cells could identify: {', '.join(model.fitted)}.",
-            "",
-        ]
-    # -- figures and notes
-    lines += ["## Figures", ""]
-    lines += [f"![{name}]({name})" for name in PLOT_NAMES if (outcome.out / name).is_file()]
-    lines += [""]
-    if outcome.notes:
-        lines += ["## Notes", "", *(f"- {n}" for n in outcome.notes), ""]
-    return "\n".join(lines).rstrip() + "\n"
+        return lines + ["Not fitted (no step times or acceptance were measured).", ""]
+    terms = [
+        model.fixed_ms,
+        model.per_request_ms,
+        model.spec_fixed_ms,
+        model.per_draft_token_ms,
+        model.per_draft_pass_ms,
+    ]
+    return lines + [
+        "t_step(b, k) = fixed + per_request x b + [k > 0] x (spec_fixed + per_draft_token "
+        "x b x k + per_draft_pass x k), in ms, fitted by non-negative least squares to "
+        f"{model.n_observations} cells (rms residual {model.rms_residual_ms:.3f} ms):",
+        "",
+        *_table(
+            ["fixed", "per_request", "spec_fixed", "per_draft_token", "per_draft_pass"],
+            [[f"{t:.4f}" for t in terms]],
+        ),
+        f"Terms the measured cells could identify: {', '.join(model.fitted)}.",
+        "",
+    ]
+
+
+def _figures_section(outcome: TuneOutcome) -> list[str]:
+    figures = [f"![{name}]({name})" for name in PLOT_NAMES if (outcome.out / name).is_file()]
+    return ["## Figures", "", *figures, ""]
+
+
+def _notes_section(outcome: TuneOutcome) -> list[str]:
+    if not outcome.notes:
+        return []
+    return ["## Notes", "", *(f"- {n}" for n in outcome.notes), ""]
 
 
 def write_report(outcome: TuneOutcome) -> Path:

@@ -16,14 +16,18 @@ profile with no models at all) and must pass the check for the engine (exit 1 ot
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from spectool import methods
 from spectool.check import DEFAULT_MAX_SEQ_LEN as CHECK_DEFAULT_MAX_SEQ_LEN
-from spectool.check import CheckReport, CheckRequest, run_check
+from spectool.check import CheckReport, PairOptions, run_check
 from spectool.errors import BadInputError, IncompatibleError
 from spectool.tuning.pairing import DEFAULT_BUDGET_S
+
+if TYPE_CHECKING:
+    from spectool.deploy.build import BuildRequest
 
 ENGINES = ("auto", "torch", "trtllm")
 TORCH_DEFAULT_MAX_SEQ_LEN = 1024
@@ -49,14 +53,12 @@ ENGINE_DEFAULTS: dict[str, EngineDefaults] = {
 
 
 @dataclass(frozen=True)
-class TuneRequest:
-    """Everything ``spectool tune`` was asked; None = the engine's default (module docstring)."""
+class TuneRequest(PairOptions):
+    """Everything ``spectool tune`` was asked; None = the engine's default (module docstring).
 
-    target: str | None = None
-    drafter: str | None = None
-    profile: str | None = None
-    method: str = "auto"
-    max_draft_len: int | None = None
+    The options ``check`` shares come from :class:`~spectool.check.PairOptions` (``gpu`` and
+    ``trtllm_*`` apply to TensorRT-LLM only)."""
+
     engine: str = "auto"
     concurrencies: tuple[int, ...] | None = None
     workload: Path | None = None
@@ -70,15 +72,7 @@ class TuneRequest:
     device: str = "auto"
     dtype: str = "float32"
     threads: int | None = None
-    max_batch_size: int | None = None
-    max_seq_len: int | None = None
-    # TensorRT-LLM
-    trtllm_version: str | None = None
-    trtllm_backend: str = "pytorch"
-    gpu: str | None = "auto"
-    tp: int = 1
     ready_timeout_s: float | None = None
-    trust_remote_code: bool = False
     # the decision
     confidence: float = 0.95
     n_boot: int = 1000
@@ -116,6 +110,34 @@ class ResolvedTune:
     build_max_seq_len: int | None
     threads: int | None
 
+    def build_request(
+        self, out: Path, *, max_draft_len: int | None, decision: Path | None = None
+    ) -> BuildRequest:
+        """The ``spectool build`` request for the checked pair at ``max_draft_len`` into ``out``
+        (tune's configs and its final build folder; ``force``: tune owns those folders)."""
+        from spectool.deploy.build import BuildRequest
+
+        req, report = self.request, self.report
+        drafter = report.drafter.ref if report.drafter is not None else None
+        if drafter is None and methods.get(report.method).uses_native_layers:
+            drafter = "self"
+        return BuildRequest(
+            **req.pair_options(
+                target=report.target.ref,
+                drafter=drafter,
+                profile=None,
+                method=report.method,
+                max_draft_len=max_draft_len,
+                gpu=req.gpu if self.engine == "trtllm" else None,
+                max_batch_size=self.build_max_batch_size,
+                max_seq_len=self.build_max_seq_len,
+            ),
+            out=out,
+            engine=self.engine,
+            decision=decision,
+            force=True,
+        )
+
 
 def parse_concurrencies(text: str) -> tuple[int, ...]:
     """``"1,2,4,8"`` -> ``(1, 2, 4, 8)``: sorted, unique, each in ``1..MAX_CONCURRENCY``."""
@@ -142,7 +164,14 @@ def resolve_engine(engine: str) -> str:
         raise BadInputError("--engine", f"expected one of {', '.join(ENGINES)}, got {engine!r}")
     if engine != "auto":
         return engine
-    return "trtllm" if shutil.which("trtllm-serve") else "torch"
+    from spectool.errors import EngineMissingError
+    from spectool.trtllm.launch import find_trtllm_serve
+
+    try:
+        find_trtllm_serve()
+    except EngineMissingError:
+        return "torch"
+    return "trtllm"
 
 
 def _check_numbers(req: TuneRequest) -> None:
@@ -194,23 +223,7 @@ def resolve(req: TuneRequest) -> ResolvedTune:
     concurrencies = req.concurrencies or defaults.concurrencies
     if min(concurrencies) < 1:
         raise BadInputError("--concurrency", "every level must be >= 1")
-    report = run_check(
-        CheckRequest(
-            target=req.target,
-            drafter=req.drafter,
-            profile=req.profile,
-            method=req.method,
-            max_draft_len=req.max_draft_len,
-            engine=engine,
-            trtllm_version=req.trtllm_version,
-            trtllm_backend=req.trtllm_backend,
-            gpu=req.gpu if engine == "trtllm" else None,
-            tp=req.tp,
-            max_batch_size=req.max_batch_size,
-            max_seq_len=req.max_seq_len,
-            trust_remote_code=req.trust_remote_code,
-        )
-    )
+    report = run_check(req.check_request(engine, gpu=req.gpu if engine == "trtllm" else None))
     if report.errors:
         problems = "; ".join(f"{f.code}: {f.message}" for f in report.errors)
         raise IncompatibleError(f"spectool check found errors, nothing measured: {problems}")

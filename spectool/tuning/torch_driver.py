@@ -28,8 +28,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from spectool import methods
+from spectool.deploy import supervise
 from spectool.errors import ChildProcessError_
-from spectool.tuning import child
 from spectool.tuning.driver import ServerInfo
 
 WORKER_MODULE = "spectool.tuning.torch_worker"
@@ -101,7 +102,7 @@ class TorchDriver:
 
     def _start_worker(self) -> subprocess.Popen[Any]:
         argv = [sys.executable, "-m", WORKER_MODULE, "--threads", str(self.threads)]
-        proc = child.spawn(
+        proc = supervise.spawn(
             argv,
             name="the engine worker",
             log_path=self.log_path,
@@ -128,19 +129,19 @@ class TorchDriver:
             self._proc.stdin.write((json.dumps(message) + "\n").encode("utf-8"))
             self._proc.stdin.flush()
         except OSError:
-            raise child.failure(
+            raise supervise.log_failure(
                 "the engine worker", "stopped unexpectedly", self.log_path
             ) from None
         try:
             line = self._answers.get(timeout=timeout_s)
         except queue.Empty:
-            raise child.failure(
+            raise supervise.log_failure(
                 "the engine worker",
                 f"did not answer within {timeout_s:.0f} s (raise --ready-timeout if loading is slow)",
                 self.log_path,
             ) from None
         if line is None:
-            raise child.failure("the engine worker", "exited unexpectedly", self.log_path)
+            raise supervise.log_failure("the engine worker", "exited unexpectedly", self.log_path)
         try:
             answer = json.loads(line)
         except json.JSONDecodeError:
@@ -172,14 +173,16 @@ class TorchDriver:
         spec = {
             "target": str(self.target),
             "drafter": (
-                str(self.drafter) if (load_k > 0 and self.method == "draft_model") else None
+                str(self.drafter)
+                if (load_k > 0 and methods.get(self.method).takes_drafter)
+                else None
             ),
             "config": self.engine_config(load_k),
             "model_name": self.model_name,
         }
         answer = self._ask({"serve": spec}, self.ready_timeout_s)
         if "ready" not in answer:
-            raise child.failure(
+            raise supervise.log_failure(
                 "the engine worker",
                 f"could not serve k={load_k}: {answer.get('error', answer)}",
                 self.log_path,
@@ -204,13 +207,13 @@ class TorchDriver:
             try:
                 response = httpx.post(url + "/spectool/draft_len", json={"k": k}, timeout=30.0)
             except httpx.HTTPError as exc:
-                raise child.failure(
+                raise supervise.log_failure(
                     "the engine worker", f"did not switch to k={k}: {exc}", self.log_path
                 ) from None
             if response.status_code == 200:
                 return
             if response.status_code != 409 or time.monotonic() > deadline:
-                raise child.failure(
+                raise supervise.log_failure(
                     "the engine worker",
                     f"refused k={k}: HTTP {response.status_code} {response.text[:200]}",
                     self.log_path,
@@ -228,10 +231,10 @@ class TorchDriver:
         except OSError:
             pass
         try:
-            proc.wait(timeout=child.STOP_GRACE_S)
+            proc.wait(timeout=supervise.STOP_GRACE_S)
         except subprocess.TimeoutExpired:
             pass
-        child.stop(proc)
+        supervise.stop(proc)
 
     def __enter__(self) -> TorchDriver:
         return self

@@ -6,8 +6,8 @@ the pair at ``max_draft_len = k`` with no runtime gate, and the server runs its
 ``speculative.yaml``; the baseline (``k = 0``) runs ``baseline.yaml`` of the largest ``k``'s
 folder (same limits, no ``speculative_config``). The command line comes from
 :func:`spectool.deploy.launch.trtllm_server_argv`, as ``spectool serve`` builds it, on a free
-port of 127.0.0.1. Each server is a child in its own process group (:mod:`spectool.tuning.child`),
-logging to ``DIR/logs/trtllm-k<k>.log``, stopped as a group before the next one starts.
+port of 127.0.0.1. Each server is a child in its own process group
+(:mod:`spectool.deploy.supervise`), logging to ``DIR/logs/trtllm-k<k>.log``, stopped as a group before the next one starts.
 
 Iteration stats: the rendered YAML turns on ``enable_iter_perf_stats``, so ``/metrics`` gives
 step times and ``specDecodingStats`` (acceptance length, not per position: ``tune`` then fits a
@@ -20,7 +20,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from spectool.tuning import child
+from spectool.deploy import supervise
 from spectool.tuning.driver import ServerInfo
 from spectool.tuning.request import ResolvedTune
 
@@ -61,39 +61,14 @@ class TrtllmDriver:
 
     def _plan(self, k: int) -> Any:
         """Write (once) the build folder for draft length ``k`` with build's code."""
-        from spectool.deploy.build import (
-            BuildRequest,
-            check_build,
-            plan_build,
-            run_engine_steps,
-            write_build,
-        )
+        from spectool.deploy.build import check_build, plan_build, run_engine_steps, write_build
         from spectool.errors import IncompatibleError
 
         k_build = k if k > 0 else self.resolved.max_draft_len
         if k_build in self._plans:
             return self._plans[k_build]
-        req, report = self.resolved.request, self.resolved.report
-        drafter = report.drafter.ref if report.drafter is not None else None
-        if drafter is None and report.method == "mtp":
-            drafter = "self"
         inputs = check_build(
-            BuildRequest(
-                target=report.target.ref,
-                drafter=drafter,
-                method=report.method,
-                max_draft_len=k_build,
-                out=self.build_dir(k_build),
-                engine="trtllm",
-                trtllm_version=req.trtllm_version,
-                trtllm_backend=req.trtllm_backend,
-                gpu=req.gpu,
-                tp=req.tp,
-                max_batch_size=self.resolved.build_max_batch_size,
-                max_seq_len=self.resolved.build_max_seq_len,
-                force=True,
-                trust_remote_code=req.trust_remote_code,
-            )
+            self.resolved.build_request(self.build_dir(k_build), max_draft_len=k_build)
         )
         if inputs.report.errors:
             problems = "; ".join(f.message for f in inputs.report.errors)
@@ -133,10 +108,10 @@ class TrtllmDriver:
         )
         name = f"trtllm-serve (k={k})"
         log_path = self.log_dir / f"trtllm-k{k}.log"
-        self._proc = child.spawn(argv, name=name, log_path=log_path)
+        self._proc = supervise.spawn(argv, name=name, log_path=log_path)
         url = f"http://{HOST}:{port}"
         try:
-            ready_s = child.wait_healthy(
+            ready_s = supervise.wait_healthy(
                 url,
                 self._proc,
                 name=name,
@@ -153,7 +128,7 @@ class TrtllmDriver:
     def _stop(self) -> None:
         proc, self._proc, self._current = self._proc, None, None
         if proc is not None:
-            child.stop(proc)
+            supervise.stop(proc)
 
     def close(self) -> None:
         """Stop the running server's process group."""

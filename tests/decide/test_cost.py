@@ -11,9 +11,9 @@ from spectool.decide.cost import (
     bootstrap_ratio_ci,
     default_block_len,
     evaluate_cell,
-    verdict_for,
 )
 from spectool.decide.latency import RequestRecord
+from spectool.decide.verdict import verdict_for
 from spectool.errors import BadInputError
 
 

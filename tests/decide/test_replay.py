@@ -20,11 +20,10 @@ from spectool.decide.replay import (
     compare,
     grid_shape,
     per_user_tokens_per_s,
-    read_grids,
     replay,
-    write_grids,
 )
 from spectool.errors import BadInputError
+from spectool.measure.grids import read_grids, write_grids
 
 from .world import World
 

@@ -9,15 +9,15 @@ import pytest
 
 from spectool.decide.cell import CellMeasurement, IterationSample
 from spectool.decide.model import CellPrediction, draft_len_for_batch
-from spectool.decide.tune import (
+from spectool.decide.search import (
     confirmation_cells,
     initial_plan,
     predicted_writable_first,
     server_order,
     speculative_batches,
     spread,
-    tune,
 )
+from spectool.decide.tune import tune
 from spectool.errors import BadInputError
 
 from .world import World

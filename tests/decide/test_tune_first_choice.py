@@ -10,8 +10,8 @@ cell elsewhere. A cell that does not pay there is never kept.
 
 from __future__ import annotations
 
-from spectool.decide.cost import CellVerdict, Verdict
-from spectool.decide.tune import _final_choices
+from spectool.decide.choose import final_choices
+from spectool.decide.verdict import CellVerdict, Verdict
 
 
 def cell(c: int, k: int, ratio: float, low: float, high: float, verdict: Verdict) -> CellVerdict:
@@ -39,7 +39,7 @@ def cell(c: int, k: int, ratio: float, low: float, high: float, verdict: Verdict
 
 def choose(verdicts: list[CellVerdict], concs: tuple[int, ...] = (1, 2, 4)) -> dict[int, int]:
     ranking = {(v.concurrency, v.k): v.ratio for v in verdicts}
-    return _final_choices(concs, verdicts, ranking, 0.0, False)
+    return final_choices(concs, verdicts, ranking, 0.0, False)
 
 
 def test_inconclusive_first_cell_kept_when_it_enables_paying_cells() -> None:

@@ -269,11 +269,14 @@ def test_torch_engine_build_records_the_embedded_engine_config(tiny_pair, tmp_pa
         None,
         {"kind": "max_concurrency", "off_above": 4, "drafter_path": None},
     )
-    assert m["commands"]["serve"][:4] == ["spectool", "serve", str(target), str(drafter)]
-    assert (
-        "--max-concurrency" in m["commands"]["serve"]
-        and "--method" in m["commands"]["serve_baseline"]
+    serve, serve_base = m["commands"]["serve"], m["commands"]["serve_baseline"]
+    assert serve[:4] == ["spectool", "serve", str(target), str(drafter)]
+    # the server reads the build's files themselves (the gate is in them), no flag round trip
+    assert serve[serve.index("--engine-config") + 1] == str(out.resolve() / "speculative.json")
+    assert serve_base[serve_base.index("--engine-config") + 1] == str(
+        out.resolve() / "baseline.json"
     )
+    assert str(drafter) not in serve_base and "--method" not in serve + serve_base
 
 
 def test_gpu_is_required_for_tensorrt_llm_builds() -> None:
@@ -379,15 +382,15 @@ def test_local_drafter_for_releases_that_cannot_download(
 
     import huggingface_hub.constants as hf_constants
 
-    from spectool.deploy.build import _local_drafter
+    from spectool.deploy.render import local_drafter
 
     folder = tmp_path / "drafter"
     folder.mkdir()
     request = BuildRequest()
     plain = SimpleNamespace(revision=None)
-    assert _local_drafter(str(folder), plain, "1.1", request) == str(folder)
+    assert local_drafter(str(folder), plain, "1.1", request) == str(folder)
     with pytest.raises(BadInputError, match="huggingface-cli download org/tiny-drafter"):
-        _local_drafter("org/tiny-drafter", plain, "1.1", request)
+        local_drafter("org/tiny-drafter", plain, "1.1", request)
     cache = tmp_path / "hub"
     commit = "0123456789abcdef0123456789abcdef01234567"
     snapshot = cache / "models--org--tiny-drafter" / "snapshots" / commit
@@ -398,6 +401,6 @@ def test_local_drafter_for_releases_that_cannot_download(
     monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(cache))
     monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
     download = dataclasses.replace(request, download=True)
-    assert Path(_local_drafter("org/tiny-drafter", plain, "1.1", download)) == snapshot
+    assert Path(local_drafter("org/tiny-drafter", plain, "1.1", download)) == snapshot
     with pytest.raises(BadInputError, match="cannot download org/missing"):
-        _local_drafter("org/missing", plain, "1.1", download)
+        local_drafter("org/missing", plain, "1.1", download)

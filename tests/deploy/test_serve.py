@@ -7,6 +7,7 @@ torch`` on tiny random models, so every path runs on a CPU.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -118,7 +119,8 @@ def test_serve_build_ready_answers_then_sigterm_leaves_no_process(
                 parent.wait()
     assert group_members(child) == []  # the child and anything it started are gone
     log = err.read_text()
-    assert "unmeasured" in log and "--method draft_model" in log and "--log-level warning" in log
+    assert "unmeasured" in log and "--log-level warning" in log
+    assert f"--engine-config {torch_build.resolve() / 'speculative.json'}" in log
     assert "spectool server stopped" in log
 
 
@@ -189,10 +191,8 @@ def test_cost_gate_picks_the_config_and_says_why(
     plan = prepare_serve(out, facts=NO_GPU, port=9000)
     assert not plan.gate.speculate and "ratio 1.150" in plan.gate.reason
     assert plan.command.config_file == "baseline.json"
-    assert (
-        "--method" in plan.command.argv
-        and plan.command.argv[plan.command.argv.index("--method") + 1] == "none"
-    )
+    argv = plan.command.argv
+    assert argv[argv.index("--engine-config") + 1] == str(out.resolve() / "baseline.json")
     assert str(drafter) not in plan.command.argv
     forced = prepare_serve(out, facts=NO_GPU, speculation="on")
     assert forced.gate.speculate and forced.gate.warn and str(drafter) in forced.command.argv
@@ -220,7 +220,9 @@ def test_cost_gate_picks_the_config_and_says_why(
     under_load = prepare_serve(out, facts=NO_GPU, expected_concurrency=16)
     assert under_load.gate.speculate and "turns it off above batch size 4" in under_load.gate.reason
     argv = under_load.command.argv
-    assert argv[argv.index("--max-concurrency") + 1] == "4"
+    config = Path(argv[argv.index("--engine-config") + 1])
+    assert config.name == "speculative.json"
+    assert json.loads(config.read_text())["max_concurrency"] == 4  # read by the child as is
     assert not prepare_serve(out, facts=NO_GPU, speculation="off").gate.speculate
 
 
@@ -282,3 +284,38 @@ def test_torch_engine_runtime_gate_flags(tiny_pair: tuple[Path, Path]) -> None:
     request = torch_serve_request(target, drafter, draft_len_schedule="4:4,8:2", max_draft_len=4)
     assert (request.draft_len_schedule, request.max_concurrency) == ({4: 4, 8: 2}, None)
     assert torch_serve_request(target, drafter, max_concurrency=8).max_concurrency == 8
+
+
+def test_engine_config_file_sets_the_engine_and_refuses_flags(
+    torch_build: Path, tiny_pair: tuple[Path, Path], capsys
+) -> None:
+    """``--engine-config`` (what serve DIR hands its child) replaces the engine flags; giving
+    both, or a drafter the file's method does not use, is one line and exit 2."""
+    target, drafter = tiny_pair
+    spec, base = torch_build / "speculative.json", torch_build / "baseline.json"
+    argv = ["serve", str(target), str(drafter), "--engine", "torch", "--engine-config", str(spec)]
+    assert main([*argv, "--max-draft-len", "3"]) == 2
+    assert "--max-draft-len: is set by --engine-config" in capsys.readouterr().err
+    assert main(["serve", str(target), str(drafter), "--engine-config", str(base)]) == 2
+    assert "'none' uses no drafter" in capsys.readouterr().err
+    from spectool.deploy.engine_config import read_engine_config
+
+    request = torch_serve_request(str(target), str(drafter), engine_config=read_engine_config(spec))
+    assert (request.method, request.max_draft_len, request.max_batch_size) == (
+        "draft_model",
+        2,
+        4,
+    )
+
+
+def test_auto_method_follows_the_drafters_weights(
+    tiny_pair: tuple[Path, Path], make_ckpt, capsys
+) -> None:
+    """``--method auto`` asks spectool.methods which method the drafter's weights call for; an
+    EAGLE-3 head is refused in one line while the embedded engine does not run eagle3."""
+    target, drafter = tiny_pair
+    assert torch_serve_request(str(target), str(drafter)).method == "draft_model"
+    head = make_ckpt(EAGLE3)
+    assert main(["serve", str(target), str(head), "--engine", "torch"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "(eagle3); the torch engine drafts with draft_model" in err

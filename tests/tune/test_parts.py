@@ -10,6 +10,7 @@ import pytest
 from spectool.cli.app import main
 from spectool.decide.cell import CellMeasurement
 from spectool.decide.latency import RequestRecord
+from spectool.decide.stats import cell_stats
 from spectool.errors import BadInputError
 from spectool.measure.runner import TrialResult
 from spectool.tuning.prompts import BUILTIN, tune_prompts
@@ -19,7 +20,6 @@ from spectool.tuning.request import (
     parse_concurrencies,
     resolve,
 )
-from spectool.tuning.stats import cell_stats
 from spectool.tuning.trials import CellPlan, pooled_cell
 
 
@@ -157,7 +157,7 @@ def test_builtin_prompts_fit_and_are_stable() -> None:
 
 def test_failed_trials_are_dropped_so_resume_measures_them_again(tmp_path: Path) -> None:
     from spectool.measure.runner import load_trials
-    from spectool.tuning.session import drop_failed_trials
+    from spectool.tuning.resume import drop_failed_trials
 
     plan = CellPlan("torch", "draft_model", "abc", "sha256:w", num_prompts=2, max_tokens=4)
     good = _record(0, 0.1, 0.3, 4)
@@ -210,7 +210,7 @@ def test_after_config_is_the_baselines_first_trial_relabelled() -> None:
 
 
 def test_schedule_in_words() -> None:
-    from spectool.cli.tune import schedule_in_words
+    from spectool.cli.tune_output import schedule_in_words
 
     assert schedule_in_words({1: 4, 2: 4, 4: 4, 8: 4, 16: 4}) == "k=4 at concurrency 1-16"
     assert (

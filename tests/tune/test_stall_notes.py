@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from spectool.decide.cost import evaluate_cell
-from spectool.decide.replay import read_grids
-from spectool.tuning.stats import cell_stats, stall_notes
+from spectool.decide.stats import cell_stats, stall_notes
+from spectool.measure.grids import read_grids
 
 DEMO_GRIDS = Path(__file__).parents[1] / "decide" / "data" / "demo_grids_n8.json.gz"
 

@@ -25,9 +25,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from spectool.decide.acceptance import PositionCounts, constant_alpha_for
 from spectool.decide.cell import CellMeasurement
-from spectool.decide.cost import CellVerdict
+from spectool.decide.cost import ratio_interval, request_terms, usable_requests
 from spectool.decide.latency import MS_PER_S
+from spectool.decide.verdict import CellVerdict
 from spectool.errors import BadInputError
 
 
@@ -77,40 +79,26 @@ class CellStats:
         }
 
 
-def _ratio_interval(
-    num: np.ndarray,
-    den: np.ndarray,
-    scale: float,
-    n_boot: int,
-    confidence: float,
-    rng: np.random.Generator,
-) -> Interval:
-    value = scale * float(num.sum() / den.sum())
-    idx = rng.integers(0, num.size, size=(n_boot, num.size))
-    ratios = scale * num[idx].sum(axis=1) / den[idx].sum(axis=1)
-    tail = (1.0 - confidence) / 2.0
-    low, high = np.quantile(ratios, [tail, 1.0 - tail])
-    return Interval(value, float(low), float(high))
-
-
 def cell_stats(
     cell: CellMeasurement, *, n_boot: int = 1000, confidence: float = 0.95, seed: int = 0
 ) -> CellStats:
     """Summarize ``cell`` (needs at least two successful requests with two or more tokens)."""
-    used = [r for r in cell.records if r.ok and r.output_tokens >= 2 and r.decode_s is not None]
+    used = usable_requests(cell.records)
     if len(used) < 2:
         raise BadInputError(
             f"cell (concurrency={cell.concurrency}, k={cell.k})",
             f"{len(used)} usable requests; need 2 with at least two output tokens",
         )
     rng = np.random.default_rng([seed, cell.concurrency, cell.k])
-    decode_ms = np.array([r.decode_s * MS_PER_S for r in used], dtype=float)  # type: ignore[operator]
-    later_tokens = np.array([r.output_tokens - 1 for r in used], dtype=float)
-    tpot = _ratio_interval(decode_ms, later_tokens, 1.0, n_boot, confidence, rng)
+    decode_ms, later_tokens = request_terms(used)
+    tpot = Interval(
+        *ratio_interval(decode_ms, later_tokens, n_boot=n_boot, confidence=confidence, rng=rng)
+    )
     per_user = Interval(MS_PER_S / tpot.value, MS_PER_S / tpot.high, MS_PER_S / tpot.low)
     out = np.array([r.output_tokens for r in used], dtype=float)
     e2e = np.array([r.e2e_s for r in used], dtype=float)
-    throughput = _ratio_interval(out, e2e, float(cell.concurrency), n_boot, confidence, rng)
+    rate, low, high = ratio_interval(out, e2e, n_boot=n_boot, confidence=confidence, rng=rng)
+    throughput = Interval(*(cell.concurrency * x for x in (rate, low, high)))
     ttfts = [t * MS_PER_S for r in used if (t := r.ttft_s) is not None]
     wall = float(out.sum()) / cell.duration_s if cell.duration_s and cell.duration_s > 0 else None
     alphas = None
@@ -175,8 +163,6 @@ def acceptance_curves(
     """Per concurrency, ``alpha_i`` pooled over its speculative cells (what the acceptance plot
     draws and the report's pooled rows list); True when per-position counts were measured, else
     a constant rate fitted to each concurrency's longest cell's tokens per step."""
-    from spectool.decide.acceptance import PositionCounts, constant_alpha_for
-
     pooled: dict[int, PositionCounts] = {}
     for (c, k), cell in sorted(cells.items()):
         if k > 0 and cell.positions is not None and cell.positions.steps:

@@ -1,0 +1,80 @@
+"""Whether a head was trained for this target: its base model name against the target's identity."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from spectool.ckpt.inspect import Checkpoint
+from spectool.findings import Finding, error, warning
+
+_HF_CACHE_RE = re.compile(r"^models--([^/]+?)--([^/]+)$")
+
+
+def _model_ids(target: Checkpoint) -> tuple[set[str], set[str]]:
+    """(known repo ids, plausible names) of the target, lower-cased.
+
+    A repo id is known from a Hub reference (one that has a revision), a Hugging Face cache path
+    (``models--org--name``) or an ``org/name`` ``_name_or_path`` in its config. A name (the last
+    path component) comes from those and from the folder's own name, which a person chose and
+    so can confirm an identity but never refute one.
+    """
+    ids: set[str] = set()
+    names: set[str] = set()
+    if target.revision is not None and "/" in target.ref:
+        ids.add(target.ref.split("@")[0].lower())
+    for part in (*Path(target.ref).parts, *target.path.parts):
+        m = _HF_CACHE_RE.match(part)
+        if m:
+            ids.add(f"{m.group(1)}/{m.group(2)}".lower())
+    name_or_path = target.config.get("_name_or_path")
+    if isinstance(name_or_path, str) and name_or_path:
+        if _looks_like_repo_id(name_or_path):
+            ids.add(name_or_path.lower())
+        else:
+            names.add(_last_name(name_or_path))
+    names |= {i.split("/")[-1] for i in ids}
+    names |= {_last_name(target.ref), _last_name(str(target.path))}
+    return ids, names
+
+
+def _looks_like_repo_id(ref: str) -> bool:
+    return bool(re.fullmatch(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+", ref))
+
+
+def _last_name(ref: str) -> str:
+    return ref.rstrip("/").split("/")[-1].split("@")[0].lower()
+
+
+def base_model_rule(target: Checkpoint, drafter: Checkpoint) -> list[Finding]:
+    """The head's ``base_model_name_or_path`` against the target's identity, where known.
+
+    A local copy of the base model (``/models/vicuna-7b-v1.3`` for ``lmsys/vicuna-7b-v1.3``)
+    matches by name; a mismatch is an error only when the target's repo id is known, otherwise
+    a warning that the identity could not be verified.
+    """
+    base = drafter.base_model
+    if not base:
+        return []
+    ids, names = _model_ids(target)
+    base_id = base.split("@")[0].lower() if _looks_like_repo_id(base.split("@")[0]) else None
+    if (base_id is not None and base_id in ids) or _last_name(base) in names:
+        return []
+    if ids:
+        return [
+            error(
+                "BASE_MODEL_MISMATCH",
+                f"{drafter.ref} names base model {base!r}, target is {' / '.join(sorted(ids))}",
+                "Use the head trained for this target (heads are tied to their base model's "
+                "hidden states).",
+            )
+        ]
+    return [
+        warning(
+            "BASE_MODEL_UNVERIFIED",
+            f"{drafter.ref} names base model {base!r}; the identity of target {target.ref} "
+            "could not be verified (a local folder of another name, no _name_or_path)",
+            "Make sure the target is that base model: heads are tied to their base model's "
+            "hidden states. Naming the folder after the model silences this.",
+        )
+    ]

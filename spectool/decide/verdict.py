@@ -1,0 +1,115 @@
+"""What the cost inequality says about one cell: :class:`CellVerdict` (and, for a paired cell,
+its :class:`PairedEstimate`), shared by :mod:`spectool.decide.cost` (unpaired) and
+:mod:`spectool.decide.paired` (interleaved and bracketed): the types only, so neither module
+imports the other's to name them."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+Verdict = Literal["pays", "does_not_pay", "inconclusive"]
+Source = Literal["iterations", "requests"]
+Design = Literal["interleaved", "bracketed", "unpaired"]
+
+
+def verdict_for(ci_low: float, ci_high: float) -> Verdict:
+    """``pays`` if the interval lies wholly below 1, ``does_not_pay`` if wholly above."""
+    if ci_high < 1.0:
+        return "pays"
+    if ci_low > 1.0:
+        return "does_not_pay"
+    return "inconclusive"
+
+
+@dataclass(frozen=True)
+class PairedEstimate:
+    """The ratio ``lhs / rhs`` of a paired cell with its interval; see the module docstring.
+
+    ``log_ratios`` are the pairs' ``d_i``; ``spread`` their standard deviation (0 with one pair);
+    ``within_se`` the sampling noise of their mean. ``drift_base`` / ``drift_spec``: the last
+    block's ms per token over the first one's, per arm (1.0 = the machine kept its speed).
+    """
+
+    ratio: float
+    ci_low: float
+    ci_high: float
+    verdict: Verdict
+    design: Design
+    source: Source
+    log_ratios: tuple[float, ...]
+    spread: float
+    within_se: float
+    drift_base: float
+    drift_spec: float
+    confidence: float
+    looks: int
+
+    @property
+    def pairs(self) -> int:
+        return len(self.log_ratios)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "design": self.design,
+            "pairs": self.pairs,
+            "pair_ratios": [math.exp(d) for d in self.log_ratios],
+            "spread": self.spread,
+            "within_se": self.within_se,
+            "drift_base": self.drift_base,
+            "drift_spec": self.drift_spec,
+            "looks": self.looks,
+        }
+
+
+@dataclass(frozen=True)
+class CellVerdict:
+    """The cost inequality evaluated for one cell; see the module docstring for every field.
+
+    ``ci_low``/``ci_high`` bound ``ratio`` at ``confidence``. ``n_spec``/``n_base`` count the
+    resampled units (iterations or requests). The ``*_predicted``, ``step_cost_ratio`` and
+    ``predicted_speedup`` fields are None where their inputs were not measured.
+    """
+
+    concurrency: int
+    k: int
+    lhs_ms_per_token: float
+    rhs_ms_per_token: float
+    ratio: float
+    ci_low: float
+    ci_high: float
+    verdict: Verdict
+    source: Source
+    confidence: float
+    n_boot: int
+    n_spec: int
+    n_base: int
+    tokens_per_step_measured: float | None
+    tokens_per_step_predicted: float | None
+    step_cost_ratio: float | None
+    predicted_speedup: float | None
+    measured_speedup: float
+    paired: PairedEstimate | None = None
+
+    @property
+    def design(self) -> str:
+        """How the two sides were measured: ``interleaved``, ``bracketed`` or ``unpaired``."""
+        return "unpaired" if self.paired is None else self.paired.design
+
+    def to_json(self) -> dict[str, object]:
+        """The fields ``decision.json`` lists per cell."""
+        out: dict[str, object] = {
+            "concurrency": self.concurrency,
+            "k": self.k,
+            "lhs_ms_per_token": self.lhs_ms_per_token,
+            "rhs_ms_per_token": self.rhs_ms_per_token,
+            "ratio": self.ratio,
+            "ci_low": self.ci_low,
+            "ci_high": self.ci_high,
+            "verdict": self.verdict,
+            "design": self.design,
+        }
+        if self.paired is not None:
+            out.update(self.paired.to_json())
+        return out

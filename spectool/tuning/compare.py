@@ -1,0 +1,212 @@
+"""``spectool tune`` over several methods: the same cost inequality per method and concurrency,
+then one method to deploy (:mod:`spectool.decide.methods`).
+
+A profile may list ``alternatives`` to its pair (the demo profile: the draft model, an EAGLE-3
+head and n-gram lookup). With such a profile and no method, drafter or target given, tune runs
+one search per method, each in its own folder ``DIR/<method>/`` with its own server, baseline,
+``trials.jsonl``, decision and report (``--resume`` continues each). Methods are measured in the
+profile's order; every later search gets the ratios the earlier ones chose as its *rival*
+(:func:`spectool.decide.tune.tune`): cells its planned cells predict to lose are not confirmed,
+so a method that cannot win costs its planned cells only.
+
+``DIR`` itself then holds the deployment: ``decision.json`` of the chosen method (its schedule)
+with a ``methods`` object (every method per concurrency, the winner per concurrency, the chosen
+method and why), the chosen method's build files, and a ``report.md`` comparing the methods.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from spectool.decide.methods import MethodChoice, choose_method, rival_ratios
+from spectool.errors import BadInputError, OutputExistsError
+from spectool.io import atomic_write_text
+from spectool.methods import serving_cost_rank
+from spectool.tuning.outcome import TuneOutcome
+from spectool.tuning.request import ResolvedTune, TuneRequest, resolve
+from spectool.tuning.setup import REPORT_NAME, has_results
+
+DEFAULT_PROFILE = "demo"
+COMPARISON_NAME = "methods.json"
+
+
+@dataclass(frozen=True)
+class MethodsOutcome:
+    """A finished comparison: each method's run, the choice, and the files written in DIR."""
+
+    outcomes: tuple[TuneOutcome, ...]  # in the order measured
+    choice: MethodChoice
+    out: Path
+    files: tuple[Path, ...]
+    wall_s: float
+
+    @property
+    def chosen(self) -> TuneOutcome:
+        return next(o for o in self.outcomes if o.resolved.method == self.choice.chosen)
+
+
+def method_requests(req: TuneRequest) -> list[TuneRequest]:
+    """The requests of a comparison (one per method, each with ``out = DIR/<method>``), or
+    ``[req]`` when the request names its pair or method, or its profile has no alternatives."""
+    if req.method != "auto" or req.target is not None or req.drafter is not None:
+        return [req]
+    from spectool.profiles import load_profile
+
+    recipe = load_profile(req.profile or DEFAULT_PROFILE)
+    if not recipe.alternatives:
+        return [req]
+    out = Path(req.out)
+    requests = [replace(req, profile=recipe.name, out=out / recipe.method)]
+    for alt in recipe.alternatives:
+        requests.append(
+            replace(
+                req,
+                profile=None,
+                target=recipe.target,
+                drafter=alt.drafter,
+                method=alt.method,
+                max_draft_len=req.max_draft_len or alt.max_draft_len or recipe.max_draft_len,
+                out=out / alt.method,
+            )
+        )
+    return requests
+
+
+def resolve_all(requests: Sequence[TuneRequest]) -> list[ResolvedTune]:
+    """Resolve (and check) every method before anything is measured; refuse folders that hold
+    an earlier run unless ``--resume`` or ``--force`` says what to do with them."""
+    resolved = [resolve(r) for r in requests]
+    first = requests[0]
+    top = Path(first.out).parent
+    if has_results(top) and not first.force:
+        raise OutputExistsError(
+            top, "holds a single-method tune; pass --force to start over or choose another --out"
+        )
+    if not (first.resume or first.force):
+        for r in requests:
+            if has_results(Path(r.out)):
+                raise OutputExistsError(
+                    Path(r.out),
+                    "holds the results of an earlier tune; pass --resume to continue it or "
+                    "--force to start over",
+                )
+    return resolved
+
+
+def run_methods(
+    resolved: Sequence[ResolvedTune],
+    run: Callable[[ResolvedTune, Mapping[int, float]], TuneOutcome],
+    *,
+    on_message: Callable[[str], None] | None = None,
+) -> MethodsOutcome:
+    """Run ``run(resolved, rival)`` per method in order, then choose and write DIR's files."""
+    import time
+
+    started = time.perf_counter()
+    if len({r.method for r in resolved}) != len(resolved):
+        raise BadInputError("tune", "the profile lists a method twice")
+    outcomes: list[TuneOutcome] = []
+    for number, r in enumerate(resolved, 1):
+        if on_message is not None:
+            on_message(f"method {number}/{len(resolved)}: {r.method}")
+        rival = rival_ratios([o.result for o in outcomes])
+        outcomes.append(run(r, rival))
+    # ties go to the method that costs least to serve (spectool.methods)
+    by_cost = sorted(outcomes, key=lambda o: serving_cost_rank(o.resolved.method))
+    choice = choose_method([o.result for o in by_cost], confidence=resolved[0].request.confidence)
+    top = outcomes[0].out.parent
+    files = write_comparison(outcomes, choice, top)
+    if on_message is not None:
+        for path in files:
+            on_message(f"wrote {path}")
+    return MethodsOutcome(tuple(outcomes), choice, top, tuple(files), time.perf_counter() - started)
+
+
+def write_comparison(
+    outcomes: Sequence[TuneOutcome], choice: MethodChoice, top: Path
+) -> list[Path]:
+    """DIR's deployment (the chosen method's decision and build, with the comparison in
+    ``decision.json``), ``methods.json`` and ``report.md``."""
+    from spectool.tuning.deploy import write_deployment
+
+    chosen = next(o for o in outcomes if o.resolved.method == choice.chosen)
+    deployment = write_deployment(
+        chosen.resolved, chosen.result, top, extra={"methods": choice.to_json()}
+    )
+    files = [deployment.decision_path, *deployment.build_files]
+    summary = {
+        "chosen": choice.chosen,
+        "why": choice.why,
+        "methods": {
+            o.resolved.method: {
+                "out": str(o.out),
+                "decision": o.result.to_decision_json(),
+                "cells_measured": len(o.result.measured_now) + len(o.result.reused),
+                "wall_s": o.wall_s,
+            }
+            for o in outcomes
+        },
+        "comparison": choice.to_json(),
+    }
+    files.append(atomic_write_text(top / COMPARISON_NAME, json.dumps(summary, indent=2) + "\n"))
+    files.append(atomic_write_text(top / REPORT_NAME, comparison_markdown(outcomes, choice)))
+    return list(dict.fromkeys(files))
+
+
+def comparison_cell(choice: MethodChoice, method: str, c: int) -> str:
+    """``k=4 0.49`` or ``off``: one method at one concurrency, as tables show it."""
+    cell = choice.cells[method][c]
+    return "off" if cell.k == 0 else f"k={cell.k} {cell.ratio:.2f}"
+
+
+def comparison_markdown(outcomes: Sequence[TuneOutcome], choice: MethodChoice) -> str:
+    """The comparison report: per concurrency each method's chosen cell, the winner, the
+    method deployed and why, and where each method's own report is."""
+    methods = [o.resolved.method for o in outcomes]
+    first = outcomes[0]
+    lines = [
+        f"# spectool tune: {', '.join(methods)} compared on {first.result.engine}",
+        "",
+        f"Target: `{first.resolved.report.target.ref}`. Each method was tuned against the same "
+        "target without speculation on its own server (paired blocks); a cell is the chosen "
+        "draft length and its per-token ratio lhs/rhs (below 1 pays), with its 95% interval.",
+        "",
+        "| concurrency | " + " | ".join(methods) + " | fastest |",
+        "|---:|" + "---|" * len(methods) + "---|",
+    ]
+    for c in choice.concurrencies:
+        row = []
+        for m in methods:
+            cell = choice.cells[m][c]
+            row.append(
+                "off"
+                if cell.k == 0
+                else f"k={cell.k} {cell.ratio:.3f} ({cell.ci_low:.3f}-{cell.ci_high:.3f})"
+            )
+        lines.append(f"| {c} | " + " | ".join(row) + f" | {choice.winners[c]} |")
+    lines += [
+        "",
+        f"**Deployed: {choice.chosen}.** A schedule switches draft lengths, not methods, so one "
+        f"method is deployed with its own schedule. {choice.why}.",
+        "",
+        "| method | geometric-mean ratio | speculates at | cells | run (s) | report |",
+        "|---|---:|---|---:|---:|---|",
+    ]
+    scores = {s.method: s for s in choice.scores}
+    for o in outcomes:
+        m = o.resolved.method
+        s = scores[m]
+        at = ", ".join(map(str, s.speculates_at)) or "nowhere"
+        cells = len(o.result.measured_now) + len(o.result.reused)
+        lines.append(
+            f"| {m} | {s.mean_ratio:.3f} | {at} | {cells} | {o.wall_s:.0f} | "
+            f"[{m}/report.md]({m}/report.md) |"
+        )
+    notes = [f"{o.resolved.method}: {n}" for o in outcomes for n in o.result.notes if "rival" in n]
+    if notes:
+        lines += ["", "Pruned by prediction (not confirmed):", ""]
+        lines += [f"- {n}" for n in notes]
+    return "\n".join(lines) + "\n"

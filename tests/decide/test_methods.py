@@ -1,0 +1,101 @@
+"""Comparing methods: the winner per concurrency, one method to deploy, pruning by a rival."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from spectool.decide.methods import choose_method, method_cells, rival_ratios
+from spectool.decide.search import initial_plan
+from spectool.decide.tune import tune
+from spectool.errors import BadInputError
+
+from .world import World
+
+CONCURRENCIES = (1, 2, 4, 8, 16, 32, 64)
+K = 6
+# A strong drafter (high acceptance) and a weak one on the same serving costs.
+STRONG = World(alphas=(0.9, 0.8, 0.7, 0.6, 0.5, 0.4))
+WEAK = World(alphas=(0.5, 0.35, 0.25, 0.15, 0.1, 0.05), seed=3)
+
+
+class Recorder:
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.calls: list[tuple[int, int]] = []
+
+    def __call__(self, c: int, k: int):  # noqa: ANN204
+        self.calls.append((c, k))
+        return self.world.measure(c, k)
+
+
+def _run(world: World, method: str, rival=None):  # noqa: ANN001, ANN202
+    recorder = Recorder(world)
+    result = tune(CONCURRENCIES, K, recorder, n_boot=300, method=method, rival=rival)
+    return result, recorder
+
+
+def test_the_stronger_method_wins_where_it_pays_and_is_deployed() -> None:
+    strong, _ = _run(STRONG, "eagle3")
+    weak, _ = _run(WEAK, "draft_model")
+    choice = choose_method([weak, strong])
+    assert choice.chosen == "eagle3"
+    assert choice.tied == ("eagle3",)
+    cells = method_cells(strong)
+    for c in CONCURRENCIES:
+        if cells[c].k > 0:
+            assert choice.winners[c] == "eagle3" or choice.cells["draft_model"][c].ratio < (
+                cells[c].ratio
+            )
+    # The score is the geometric mean over concurrencies with off = 1.0.
+    score = {s.method: s for s in choice.scores}
+    assert score["eagle3"].mean_ratio < score["draft_model"].mean_ratio <= 1.0
+    assert "eagle3" in choice.why and "draft_model" in choice.why
+    decision = json.loads(json.dumps(choice.to_json()))
+    assert decision["chosen"] == "eagle3"
+    assert [row["concurrency"] for row in decision["per_concurrency"]] == list(CONCURRENCIES)
+    assert set(decision["per_concurrency"][0]["methods"]) == {"eagle3", "draft_model"}
+
+
+def test_equal_methods_tie_and_the_cheaper_one_is_deployed_every_time() -> None:
+    # The same drafter quality measured twice with different noise: not distinguishable, so the
+    # first in the caller's order (the cheaper to serve) wins whichever measured faster.
+    a, _ = _run(STRONG, "eagle3")
+    b, _ = _run(replace(STRONG, seed=11), "draft_model")
+    for order in ([a, b], [b, a]):
+        choice = choose_method(order)
+        assert set(choice.tied) == {"eagle3", "draft_model"}
+        assert choice.chosen == order[0].method
+        assert "not distinguishable" in choice.why
+
+
+def test_a_rival_prunes_the_cells_predicted_to_lose() -> None:
+    strong, _ = _run(STRONG, "eagle3")
+    alone, alone_calls = _run(WEAK, "draft_model")
+    pruned, pruned_calls = _run(WEAK, "draft_model", rival=rival_ratios([strong]))
+    assert len(pruned_calls.calls) < len(alone_calls.calls)
+    assert any("rival" in note for note in pruned.notes)
+    # The planned cells are the same either way: the prune acts on confirmation only.
+    planned = len(initial_plan(CONCURRENCIES, K))
+    assert pruned_calls.calls[:planned] == alone_calls.calls[:planned]
+    # The comparison still deploys the stronger method.
+    assert choose_method([pruned, strong]).chosen == "eagle3"
+
+
+def test_no_method_pays_deploys_the_baseline() -> None:
+    hopeless = World(alphas=(0.05, 0.01, 0.0, 0.0, 0.0, 0.0))
+    a, _ = _run(hopeless, "ngram")
+    b, _ = _run(replace(hopeless, seed=5), "draft_model")
+    choice = choose_method([a, b])
+    assert all(w == "none" for w in choice.winners.values())
+    assert "baseline" in choice.why
+
+
+def test_bad_comparisons_are_refused() -> None:
+    a, _ = _run(STRONG, "eagle3")
+    with pytest.raises(BadInputError):
+        choose_method([])
+    with pytest.raises(BadInputError):
+        choose_method([a, a])
