@@ -645,7 +645,8 @@ demo-drafter {dr["mean_accepted_per_verify"]:.2f}.
 
 Draft-phase milliseconds per drafted token (k = 4, 48 new tokens), the head's and the
 demo-drafter's runs alternating on the same {cost["runs"]} prompts ({cost["threads"]} threads):
-median (min-max) over runs.
+median (min-max) over runs. Measured on a shared 2-core machine with other jobs running: the
+ranges are mostly their load; the pairing keeps the ratio fairer than either figure.
 
 | | ms per draft step |
 |---|---|

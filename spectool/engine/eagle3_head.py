@@ -90,6 +90,7 @@ class Eagle3Head(nn.Module):
         self.max_seq_len = 0
 
     def set_vocab_map(self, d2t: Tensor, t2d: Tensor) -> None:
+        """Install ``d2t`` (draft id -> target id offset) and ``t2d`` (target-id mask)."""
         self.d2t = d2t.to(self.d2t.device, torch.long)
         self.t2d = t2d.to(self.t2d.device, torch.bool)
         self.draft_to_target = torch.arange(len(self.d2t), device=self.d2t.device) + self.d2t
@@ -243,12 +244,13 @@ def load_eagle3_head(
     if len(set(target_ids.tolist())) != draft_vocab:
         raise CheckpointError(path, "d2t maps two draft ids to one target id")
     t2d = raw.get("t2d")
-    if t2d is None:
+    if t2d is None:  # optional (TensorRT-LLM's loader does not read it): rebuilt from d2t
         t2d = torch.zeros(args.vocab_size, dtype=torch.bool)
         t2d[target_ids] = True
-    head.set_vocab_map(d2t, t2d)
+    elif tuple(t2d.shape) != (args.vocab_size,) or t2d.dtype != torch.bool:
+        raise CheckpointError(path, f"t2d must be bool [{args.vocab_size}]")
     head = head.to(device=device, dtype=dtype)
-    head.set_vocab_map(d2t.to(device), t2d.to(device))  # .to(dtype) leaves ints alone; be sure
+    head.set_vocab_map(d2t.to(device), t2d.to(device))
     if pack_fp16:
         for module in head.modules():
             if isinstance(module, Projection):
