@@ -158,3 +158,14 @@ def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
     else:
         generator.manual_seed(seed)
     return generator
+
+
+def sample_rows(logits: Tensor, rows: Sequence[RowSampling]) -> list[int]:
+    """One token per row from logits ``[B, 1, V]``: arg-max for greedy rows, else a sample."""
+    if all(r.greedy for r in rows):
+        return argmax_tokens(logits, rows)[:, 0].tolist()
+    probs = process_logits(logits, rows)[:, 0]  # [B, V]
+    return [
+        int(probs[b].argmax()) if row.greedy else sample(probs[b], row.generator)
+        for b, row in enumerate(rows)
+    ]

@@ -132,3 +132,76 @@ def chi_square_pvalue(
     stat = ((observed - expect) ** 2 / expect).sum()
     dof = observed.numel() - 1
     return float(torch.special.gammaincc(torch.tensor(dof / 2), stat / 2))
+
+
+def write_eagle3_head(
+    folder: Path,
+    target: Path,
+    *,
+    seed: int = 0,
+    draft_vocab_size: int | None = None,
+    layers: list[int] | None = None,
+    init_range: float = 0.3,
+) -> Path:
+    """A random EAGLE-3 head for the ``target`` checkpoint, in the published layout
+    (``fc``, ``midlayer.*``, ``norm``, ``lm_head``, ``d2t``, ``t2d``; float32 safetensors).
+
+    ``draft_vocab_size``: a seeded random subset of the target ids (None: all of them);
+    ``layers``: ``eagle_config.eagle_aux_hidden_state_layer_ids`` (None: every target layer).
+    """
+    from safetensors.torch import save_file
+
+    config = json.loads((target / "config.json").read_text())
+    dim, vocab = config["hidden_size"], config["vocab_size"]
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = config.get("head_dim") or dim // heads
+    inter = config["intermediate_size"]
+    layer_ids = layers if layers is not None else list(range(config["num_hidden_layers"]))
+    dv = draft_vocab_size or vocab
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=gen) * init_range
+
+    def norm() -> torch.Tensor:
+        return torch.rand(dim, generator=gen) + 0.5
+
+    keep = torch.sort(torch.randperm(vocab, generator=gen)[:dv]).values
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[keep] = True
+    tensors = {
+        "fc.weight": rand(dim, len(layer_ids) * dim),
+        "midlayer.self_attn.q_proj.weight": rand(heads * head_dim, 2 * dim),
+        "midlayer.self_attn.k_proj.weight": rand(kv_heads * head_dim, 2 * dim),
+        "midlayer.self_attn.v_proj.weight": rand(kv_heads * head_dim, 2 * dim),
+        "midlayer.self_attn.o_proj.weight": rand(dim, heads * head_dim),
+        "midlayer.mlp.gate_proj.weight": rand(inter, dim),
+        "midlayer.mlp.up_proj.weight": rand(inter, dim),
+        "midlayer.mlp.down_proj.weight": rand(dim, inter),
+        "midlayer.hidden_norm.weight": norm(),
+        "midlayer.input_layernorm.weight": norm(),
+        "midlayer.post_attention_layernorm.weight": norm(),
+        "norm.weight": norm(),
+        "lm_head.weight": rand(dv, dim) * 3,
+        "d2t": keep - torch.arange(dv),
+        "t2d": t2d,
+    }
+    head_config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": dim,
+        "intermediate_size": inter,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "num_hidden_layers": 1,
+        "vocab_size": vocab,
+        "draft_vocab_size": dv,
+        "rms_norm_eps": config.get("rms_norm_eps", 1e-6),
+        "max_position_embeddings": config.get("max_position_embeddings", 256),
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": layer_ids},
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(head_config, indent=2), encoding="utf-8")
+    return folder

@@ -23,7 +23,7 @@ from spectool.engine.engine import (
 from spectool.engine.load import load_model
 from spectool.errors import BadInputError, CheckpointError, ConfigError
 
-from .helpers import EOS_ID, chi_square_pvalue, write_checkpoint
+from .helpers import EOS_ID, chi_square_pvalue, write_checkpoint, write_eagle3_head
 
 GREEDY = SamplingParams(max_tokens=12, ignore_eos=True)
 
@@ -389,13 +389,16 @@ ENGINE_DRAWS = 2000
 
 
 @pytest.fixture(scope="module")
-def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """Vocabulary-8 target and an unrelated drafter; logits spread enough to differ."""
+def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """Vocabulary-8 target, an unrelated drafter and a random EAGLE-3 head (drafting 6 of the
+    8 ids, so q is 0 on two target ids); logits spread enough to differ."""
     root = tmp_path_factory.mktemp("tiny")
     common = {"vocab_size": TINY_VOCAB, "init_range": 0.3}
+    target = write_checkpoint(root / "target", seed=11, **common)
     return (
-        write_checkpoint(root / "target", seed=11, **common),
+        target,
         write_checkpoint(root / "drafter", seed=12, num_layers=1, **common),
+        write_eagle3_head(root / "head", target, seed=13, draft_vocab_size=6, layers=[0, 1]),
     )
 
 
@@ -417,10 +420,22 @@ def _exact_second_and_third(folder: Path) -> torch.Tensor:
     return torch.einsum("a,ab,abc->bc", p1, p2, p3)
 
 
-def test_engine_sampling_preserves_target_distribution(tiny_pair: tuple[Path, Path]) -> None:
-    target, drafter = tiny_pair
+def _pair_counts(outputs: list[list[int]]) -> torch.Tensor:
+    counts = torch.zeros(TINY_VOCAB, TINY_VOCAB)
+    for out in outputs:
+        counts[out[1], out[2]] += 1
+    return counts
+
+
+@pytest.mark.parametrize("method", ["draft_model", "eagle3"])
+def test_engine_sampling_preserves_target_distribution(
+    tiny_pair: tuple[Path, Path, Path], method: str
+) -> None:
+    target, drafter, head = tiny_pair
     engine = Engine(
-        target, drafter, EngineConfig(method="draft_model", max_draft_len=2, max_batch_size=64)
+        target,
+        drafter if method == "draft_model" else head,
+        EngineConfig(method=method, max_draft_len=2, max_batch_size=64),
     )
     params = [
         SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True, seed=s)
@@ -431,18 +446,50 @@ def test_engine_sampling_preserves_target_distribution(tiny_pair: tuple[Path, Pa
     drafted = sum(s.num_draft_tokens for s in stats)
     accepted = sum(s.num_accepted_tokens for s in stats)
     assert 0.1 * drafted < accepted < 0.9 * drafted  # many acceptances and many rejections
-    counts = torch.zeros(TINY_VOCAB, TINY_VOCAB)
-    for out in outputs:
-        counts[out[1], out[2]] += 1
+    counts = _pair_counts(outputs)
     exact = _exact_second_and_third(target)
-    drafter_exact = _exact_second_and_third(drafter)
     assert chi_square_pvalue(counts.sum(1), exact.sum(1)) > 1e-3
     assert chi_square_pvalue(counts, exact) > 1e-3
-    # Control: draws from the drafter's own law fail the same test.
-    gen = torch.Generator().manual_seed(0)
-    flat = torch.multinomial(drafter_exact.flatten(), ENGINE_DRAWS, replacement=True, generator=gen)
-    control = torch.bincount(flat, minlength=TINY_VOCAB**2).view(TINY_VOCAB, TINY_VOCAB)
-    assert chi_square_pvalue(control, exact) < 1e-3
+    if method == "draft_model":
+        # Control: draws from the drafter's own law fail the same test.
+        drafter_exact = _exact_second_and_third(drafter)
+        gen = torch.Generator().manual_seed(0)
+        flat = torch.multinomial(
+            drafter_exact.flatten(), ENGINE_DRAWS, replacement=True, generator=gen
+        )
+        control = torch.bincount(flat, minlength=TINY_VOCAB**2).view(TINY_VOCAB, TINY_VOCAB)
+        assert chi_square_pvalue(control, exact) < 1e-3
+    else:
+        # Control: the head's own drafts, taken without verification, fail the same test.
+        assert chi_square_pvalue(_unverified_head_pairs(target, head), exact) < 1e-3
+
+
+def _unverified_head_pairs(target: Path, head: Path) -> torch.Tensor:
+    """(x2, x3) counts when x1 comes from the target (the prefill) and x2, x3 are the head's
+    two sampled drafts, accepted as they are."""
+    engine = Engine(
+        target,
+        head,
+        EngineConfig(method="eagle3", max_draft_len=2, max_batch_size=ENGINE_DRAWS, max_seq_len=16),
+    )
+    for s in range(ENGINE_DRAWS):
+        engine.add_request(
+            PROMPT, SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True, seed=s)
+        )
+    engine.step()  # prefill only: every request has its first token, none decoded yet
+    batch = list(engine._running.values())
+    proposer = engine._proposer
+    assert proposer is not None and len(batch) == ENGINE_DRAWS
+    with torch.inference_mode():
+        drafts, q = proposer.propose(
+            [r.slot for r in batch],
+            [r.tokens for r in batch],
+            [2] * len(batch),
+            [r.row_sampling() for r in batch],
+        )
+    outside = ~proposer.model.t2d  # type: ignore[attr-defined]
+    assert q is not None and bool(outside.any()) and float(q[:, :, outside].sum()) == 0.0
+    return _pair_counts([[r.tokens[-1], *d] for r, d in zip(batch, drafts, strict=True)])
 
 
 def test_runtime_draft_length_switch_is_lossless_and_idles_the_drafter(

@@ -191,6 +191,27 @@ def test_select_returns_only_requested_steps(target_dir: Path) -> None:
     assert not torch.allclose(full[0, 8], full[0, 7], atol=1e-2)
 
 
+def test_hidden_layers_capture_the_residual_stream(target_dir: Path) -> None:
+    """Captured layer outputs equal transformers' hidden states, in the order asked for, and
+    the last layer's output through the final norm and LM head gives the logits."""
+    model = load_model(target_dir, max_seq_len=32)
+    hf = _hf_model(target_dir, "llama")
+    ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(4))
+    positions = torch.arange(7).expand(2, 7)
+    with torch.no_grad():
+        plain = model(ids, positions)
+        logits, hidden = model(ids, positions, hidden_layers=(1, 0))
+        want = hf(ids, output_hidden_states=True).hidden_states[1]  # after layer 0
+    assert torch.equal(logits, plain)
+    assert hidden.shape == (2, 7, 2 * 32)
+    assert torch.allclose(hidden[..., 32:], want, atol=1e-4, rtol=1e-5)  # entries up to ~100
+    last = hidden[..., :32].reshape(14, 32)
+    again = model.output.forward(model.norm.forward(last)).view(2, 7, -1)
+    assert torch.allclose(again, plain, atol=1e-4, rtol=1e-5)
+    with pytest.raises(ValueError, match="distinct layers"):
+        model(ids, positions, hidden_layers=(0, 2))
+
+
 BASE_CONFIG: dict[str, Any] = {
     "model_type": "llama",
     "architectures": ["LlamaForCausalLM"],
