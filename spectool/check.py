@@ -240,7 +240,8 @@ def _torch_engine_rules(
             error(
                 "UNSUPPORTED_BY_ENGINE",
                 f"spectool's embedded engine runs {', '.join(TORCH_ENGINE_METHODS)}, not {method}",
-                "Use --engine trtllm for this method, or a draft model / n-gram on the embedded engine.",
+                f"Use --engine trtllm for this method, or {' / '.join(TORCH_ENGINE_METHODS)} on "
+                "the embedded engine.",
             )
         )
     for role, ckpt in (

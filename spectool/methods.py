@@ -89,7 +89,7 @@ _TABLE: tuple[Method, ...] = (
         label="EAGLE-3",
         needs=frozenset({"eagle_head", "target_hidden_states"}),
         drafter_kind=EAGLE3,
-        engines=frozenset({"trtllm"}),
+        engines=frozenset({"trtllm", "torch"}),
         drafter_memory="head",
         verifies=(
             *_COMMON_HEAD_CHECKS,

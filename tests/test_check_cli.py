@@ -113,13 +113,23 @@ def test_embedded_engine_rules(make_ckpt, capsys) -> None:
         capsys,
         "check",
         str(make_ckpt(LLAMA)),
+        str(make_ckpt("yuhuili/EAGLE-LLaMA3-Instruct-8B")),
+        "--engine",
+        "torch",
+        "--json",
+    )
+    assert code == 1  # EAGLE-1 heads: TensorRT-LLM only
+    assert "UNSUPPORTED_BY_ENGINE" in {f["code"] for f in json.loads(out)["findings"]}
+    code, out, _ = run(
+        capsys,
+        "check",
+        str(make_ckpt(LLAMA)),
         str(make_ckpt(EAGLE3)),
         "--engine",
         "torch",
         "--json",
     )
-    assert code == 1
-    assert "UNSUPPORTED_BY_ENGINE" in {f["code"] for f in json.loads(out)["findings"]}
+    assert code == 0, out  # EAGLE-3 heads run on the embedded engine
     code, out, _ = run(
         capsys,
         "check",
