@@ -1,0 +1,123 @@
+"""The few calls the CLI needs: build a :class:`Setup`, predict, say it in words or JSON."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from spectool.errors import BadInputError
+from spectool.predict.acceptance import Acceptance
+from spectool.predict.cost import ENGINE_DEFAULTS, EngineFactors, Hardware
+from spectool.predict.geometry import Geometry, geometry_from_checkpoint
+from spectool.predict.model import Prediction, Setup
+
+if TYPE_CHECKING:
+    from spectool.ckpt.inspect import Checkpoint
+    from spectool.profiles import GpuSpec
+
+# A Checkpoint's kind / a Recipe's method -> the model's method name.
+_METHODS = {"eagle3": "eagle3", "eagle": "eagle", "draft_model": "draft_model", "mtp": "mtp"}
+
+
+def setup_for(
+    target: Geometry | Checkpoint,
+    method: str,
+    gpu: GpuSpec | Hardware,
+    *,
+    drafter: Geometry | Checkpoint | None = None,
+    engine: str | EngineFactors = "trtllm",
+    tp: int = 1,
+    context: int = 1024,
+) -> Setup:
+    """A :class:`Setup` from checkpoints (headers only) or geometries, a GPU profile and an
+    engine name (``trtllm``, ``vllm``, ``sglang``, ``torch-cpu``) or fitted factors."""
+    if isinstance(engine, str):
+        if engine not in ENGINE_DEFAULTS:
+            raise BadInputError(
+                "prediction", f"engine {engine!r} not in {', '.join(ENGINE_DEFAULTS)}"
+            )
+        factors = ENGINE_DEFAULTS[engine]
+    else:
+        factors = engine
+    hardware = gpu if isinstance(gpu, Hardware) else Hardware.from_gpu(gpu)
+
+    def geom(g: Geometry | Checkpoint | None) -> Geometry | None:
+        return g if g is None or isinstance(g, Geometry) else geometry_from_checkpoint(g)
+
+    target_geom = geom(target)
+    assert target_geom is not None
+    return Setup(
+        target=target_geom,
+        method=_METHODS.get(method, method),
+        hardware=hardware,
+        factors=factors,
+        drafter=geom(drafter),
+        tp=tp,
+        context=context,
+    )
+
+
+def describe(prediction: Prediction) -> list[str]:
+    """The prediction in sentences, one per concurrency, then the break-even concurrency."""
+    lines = []
+    for row in prediction.rows:
+        easiest = row.min_break_even
+        best = row.best
+        if best is not None and best.speedup is not None and best.tokens_per_step is not None:
+            verdict = "pays" if best.speedup > 1.0 else "does not pay"
+            lines.append(
+                f"c={row.concurrency}: speculation {verdict}: best k={best.k}, predicted "
+                f"{best.speedup:.2f}x at {best.tokens_per_step:.2f} tokens per step "
+                f"(break-even {best.break_even_length:.2f})"
+            )
+        elif easiest.break_even_length > easiest.k + 1:
+            lines.append(f"c={row.concurrency}: speculation cannot pay at any k tried")
+        else:
+            lines.append(
+                f"c={row.concurrency}: speculation pays if at least "
+                f"{easiest.break_even_length:.2f} tokens per step are accepted "
+                f"(k={easiest.k})"
+            )
+    if prediction.acceptance is not None:
+        be = prediction.break_even_concurrency
+        lines.append(
+            "speculation pays at every concurrency tried up to 4096"
+            if be is None
+            else f"no draft length pays from concurrency {be} on"
+        )
+    return lines
+
+
+def as_dict(prediction: Prediction) -> dict[str, Any]:
+    """JSON-ready form (``--json``): inputs' sources, per-concurrency rows, break-even."""
+    setup = prediction.setup
+    acc: Acceptance | None = prediction.acceptance
+    return {
+        "predicted": True,
+        "method": setup.method,
+        "hardware": setup.hardware.name,
+        "factors": setup.factors.source,
+        "tp": setup.tp,
+        "context": setup.context,
+        "acceptance": None
+        if acc is None
+        else {"source": acc.source, "alphas": list(acc.alphas), "max_k": acc.max_k},
+        "break_even_concurrency": prediction.break_even_concurrency,
+        "concurrency": [
+            {
+                "concurrency": row.concurrency,
+                "base_step_ms": row.base_step_s * 1e3,
+                "best_k": row.best.k if row.best else None,
+                "ks": [
+                    {
+                        "k": p.k,
+                        "spec_step_ms": p.spec_step_s * 1e3,
+                        "tokens_per_step": p.tokens_per_step,
+                        "break_even_tokens_per_step": p.break_even_length,
+                        "speedup": p.speedup,
+                    }
+                    for p in row.ks
+                ],
+            }
+            for row in prediction.rows
+        ],
+    }

@@ -1,0 +1,249 @@
+"""Time of one forward pass: a roofline of bytes moved against FLOPs, plus fixed overheads.
+
+For a model of :class:`~spectool.predict.geometry.Geometry` at batch ``b`` with ``t`` tokens per
+sequence (``n = b t``) and context ``L`` tokens, on ``tp`` GPUs:
+
+* bytes = (dense weights + MoE layers x distinct experts touched by ``n`` tokens x expert
+  weights) / tp + b x L x KV bytes per token / tp
+* FLOPs = (2 x active params x n + 4 x layers x heads x head_dim x L x n) / tp
+* time = overhead_forward + layers x overhead_layer (+ multi-token extra when t > 1)
+  + b x overhead_seq
+  + max(bytes / (bandwidth x bw_fraction), FLOPs / (peak x flops_fraction))
+  (the sum instead of the max when ``overlap`` is False: a CPU running one op at a time)
+  + with tp > 1: 2 x layers all-reduces of ``n x hidden x 2`` bytes at
+  ``link_gbs x link_fraction`` plus ``allreduce_us`` each.
+
+:class:`Hardware` is what the device can do (peak figures, from a GPU profile or the CPU probe);
+:class:`EngineFactors` what an engine achieves of it (calibration).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from spectool.predict.geometry import Geometry
+
+if TYPE_CHECKING:
+    from spectool.profiles import GpuSpec
+
+# GPU-to-GPU bandwidth per direction in GB/s, by GPU profile stem (NVLink where the part has it,
+# else PCIe). Sources: NVIDIA datasheets (H100/H200 SXM NVLink 4: 900 GB/s bidirectional; A100
+# SXM NVLink 3: 600; B200/GB200 NVLink 5: 1,800; H100 PCIe NVLink bridge: 600); PCIe Gen4 x16
+# 32 GB/s per direction (A10G, L4, L40S, RTX 4090), Gen5 64.
+LINK_GBS: dict[str, float] = {
+    "h100-sxm": 450,
+    "h200": 450,
+    "gb200": 900,
+    "b200": 900,
+    "a100-80gb": 300,
+    "a100-40gb": 300,
+    "h100-pcie": 300,
+    "l40s": 32,
+    "l4": 32,
+    "a10g": 32,
+    "rtx-4090": 32,
+}
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Peak figures of one device: memory bandwidth (bytes/s), dense FLOP/s per weight dtype
+    class (16-bit and 8-bit; ``fp8_flops`` None = no FP8 tensor cores), GPU-to-GPU bandwidth."""
+
+    name: str
+    bandwidth: float
+    flops16: float
+    fp8_flops: float | None = None
+    link_bandwidth: float = 32e9
+
+    @classmethod
+    def from_gpu(cls, gpu: GpuSpec, stem: str | None = None) -> Hardware:
+        """From a GPU profile (``spectool.profiles.GpuSpec``); ``stem`` picks its link speed."""
+        from spectool.profiles import normalize_name
+
+        link = 32.0
+        keys = {normalize_name(n) for n in (gpu.name, *gpu.aliases, stem or "")}
+        for gpu_stem, gbs in LINK_GBS.items():
+            if normalize_name(gpu_stem) in keys:
+                link = gbs
+                break
+        return cls(
+            name=gpu.name,
+            bandwidth=gpu.bandwidth_bytes_per_s,
+            flops16=gpu.bf16_dense_tflops * 1e12,
+            fp8_flops=gpu.fp8_dense_tflops * 1e12 if gpu.fp8_dense_tflops else None,
+            link_bandwidth=link * 1e9,
+        )
+
+    def flops_for(self, bytes_per_param: float) -> float:
+        """Peak dense FLOP/s for weights of this size (8-bit and smaller use FP8 where present)."""
+        if bytes_per_param <= 1.0 and self.fp8_flops:
+            return self.fp8_flops
+        return self.flops16
+
+
+@dataclass(frozen=True)
+class EngineFactors:
+    """What an engine achieves of a device, and what it adds per step (the calibration).
+
+    ``bw_fraction`` / ``flops_fraction``: achieved share of peak bandwidth / FLOP/s.
+    ``step_overhead_s``: fixed cost of one engine iteration, paid once per decode step whatever
+    it runs (scheduling, sampling, host work; not part of :func:`forward_cost`).
+    ``forward_overhead_s``: fixed cost of each forward pass (a CUDA-graph launch; on a CPU the
+    Python call, embedding, final norm and the host's arg-max).
+    ``layer_overhead_s``: per decoder layer per forward (kernel launches; ~0 with CUDA graphs).
+    ``moe_layer_overhead_s``: extra per MoE layer per forward (routing top-k, token sort and
+    alignment, the grouped-GEMM launch: kernels that move few bytes but take time).
+    ``multi_token_forward_s``: extra per forward when sequences carry more than one token
+    (building the causal mask, picking the positions that reach the LM head).
+    ``multi_token_layer_s``: extra per layer when sequences carry more than one token (verify
+    and catch-up forwards: attention with a causal mask instead of the decode kernel).
+    ``seq_overhead_s``: per sequence per forward (host bookkeeping, per-row sampling).
+    ``seq_layer_overhead_s``: per sequence per layer (a CPU gathering each sequence's KV rows
+    and running its attention separately; ~0 on GPUs, where the KV bytes cover it).
+    ``spec_overhead_s`` / ``spec_seq_overhead_s``: per speculative step, fixed and per sequence
+    (acceptance, KV rollback). ``allreduce_s``: latency of one all-reduce; ``link_fraction``:
+    achieved share of GPU-to-GPU bandwidth. ``overlap``: roofline max (GPU) or sum (a CPU that
+    runs one op at a time). ``source``: where the numbers come from.
+    """
+
+    bw_fraction: float
+    flops_fraction: float
+    step_overhead_s: float
+    forward_overhead_s: float = 0.0
+    layer_overhead_s: float = 0.0
+    multi_token_layer_s: float = 0.0
+    multi_token_forward_s: float = 0.0
+    moe_layer_overhead_s: float = 0.0
+    seq_overhead_s: float = 0.0
+    seq_layer_overhead_s: float = 0.0
+    spec_overhead_s: float = 0.0
+    spec_seq_overhead_s: float = 0.0
+    allreduce_s: float = 10e-6
+    link_fraction: float = 0.7
+    overlap: bool = True
+    source: str = ""
+
+    def but(self, **changes: float | bool | str) -> EngineFactors:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+# Default factors per engine: engine-level, never per model or row.
+# * bw_fraction 0.75 / flops_fraction 0.6 (a priori): decode GEMV kernels reach 70-80 % of HBM
+#   bandwidth and large GEMMs 55-70 % of dense peak on H100 (NVIDIA's TensorRT-LLM performance
+#   notes; the LLM-inference roofline survey, Yuan et al. 2024, arXiv:2402.16363).
+# * step / spec / layer overheads: fitted once per engine, on a coarse grid
+#   (spectool.predict.calibrate.DEFAULT_GRIDS), to the published speed-ups of
+#   tests/data/published (spectool.predict.published.fit_engine_defaults); a
+#   leave-one-source-out refit predicts each source within the README's figures. SGLang's
+#   5 ms per speculative step comes from its only usable rows (Qwen3-30B-A3B EAGLE-3 on 2-4
+#   H100, SpecForge #339, AngelSlim #163); treat it as that setting's figure.
+ENGINE_DEFAULTS: dict[str, EngineFactors] = {
+    "trtllm": EngineFactors(
+        bw_fraction=0.75,
+        flops_fraction=0.6,
+        step_overhead_s=1e-3,
+        forward_overhead_s=20e-6,
+        layer_overhead_s=20e-6,
+        spec_overhead_s=0.0,
+        source="engine default (trtllm): 75% HBM, 60% peak, 1 ms/step, 20 us/layer",
+    ),
+    "vllm": EngineFactors(
+        bw_fraction=0.75,
+        flops_fraction=0.6,
+        step_overhead_s=0.0,
+        forward_overhead_s=20e-6,
+        layer_overhead_s=100e-6,
+        spec_overhead_s=0.7e-3,
+        source="engine default (vllm): 75% HBM, 60% peak, 100 us/layer, 0.7 ms/spec step",
+    ),
+    "sglang": EngineFactors(
+        bw_fraction=0.75,
+        flops_fraction=0.6,
+        step_overhead_s=0.4e-3,
+        forward_overhead_s=20e-6,
+        layer_overhead_s=50e-6,
+        spec_overhead_s=5e-3,
+        source="engine default (sglang): 75% HBM, 60% peak, 0.4 ms/step, 50 us/layer, "
+        "5 ms/spec step",
+    ),
+    # The embedded engine on CPU: no defaults worth the name (CPUs differ by 10x); these are
+    # what the probe measured on a shared 2-core x86 box and only a fallback. Use probe.py.
+    "torch-cpu": EngineFactors(
+        bw_fraction=1.0,
+        flops_fraction=1.0,
+        step_overhead_s=0.0,
+        forward_overhead_s=0.1e-3,
+        layer_overhead_s=0.2e-3,
+        seq_overhead_s=20e-6,
+        spec_overhead_s=0.1e-3,
+        spec_seq_overhead_s=30e-6,
+        overlap=False,
+        source="engine default (torch-cpu): fallback, run the CPU probe",
+    ),
+}
+ENGINES: tuple[str, ...] = tuple(ENGINE_DEFAULTS)
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """One forward's predicted time (seconds) and what it is made of."""
+
+    seconds: float
+    weight_bytes: float
+    kv_bytes: float
+    flops: float
+    memory_s: float
+    compute_s: float
+    overhead_s: float
+    allreduce_s: float
+    parts: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def bound(self) -> str:
+        return "memory" if self.memory_s >= self.compute_s else "compute"
+
+
+def forward_cost(
+    geom: Geometry,
+    hw: Hardware,
+    f: EngineFactors,
+    batch: int,
+    tokens: float,
+    context: float,
+    tp: int = 1,
+) -> StepCost:
+    """Predicted time of one forward of ``geom`` for ``batch`` sequences of ``tokens`` new tokens
+    each, attending over ``context`` tokens; see the module docstring for the formula."""
+    n = batch * tokens
+    expert_params = geom.moe_layers * geom.distinct_experts(n) * geom.expert_params
+    weight_bytes = (geom.dense_params + expert_params) * geom.weight_bytes_per_param / tp
+    kv_bytes = batch * context * geom.kv_bytes_per_token / tp
+    attn_flops = 4.0 * geom.num_layers * geom.num_attention_heads * geom.head_dim * context
+    flops = (2.0 * geom.active_params + attn_flops) * n / tp
+    memory_s = (weight_bytes + kv_bytes) / (hw.bandwidth * f.bw_fraction)
+    compute_s = flops / (hw.flops_for(geom.weight_bytes_per_param) * f.flops_fraction)
+    roof = max(memory_s, compute_s) if f.overlap else memory_s + compute_s
+    per_layer = f.layer_overhead_s + (f.multi_token_layer_s if tokens > 1 else 0.0)
+    overhead = (
+        f.forward_overhead_s
+        + (f.multi_token_forward_s if tokens > 1 else 0.0)
+        + geom.num_layers * per_layer
+        + geom.moe_layers * f.moe_layer_overhead_s
+        + batch * (f.seq_overhead_s + geom.num_layers * f.seq_layer_overhead_s)
+    )
+    allreduce = 0.0
+    if tp > 1:
+        per = f.allreduce_s + n * geom.hidden_size * 2 / (hw.link_bandwidth * f.link_fraction)
+        allreduce = 2 * geom.num_layers * per
+    return StepCost(
+        seconds=roof + overhead + allreduce,
+        weight_bytes=weight_bytes,
+        kv_bytes=kv_bytes,
+        flops=flops,
+        memory_s=memory_s,
+        compute_s=compute_s,
+        overhead_s=overhead,
+        allreduce_s=allreduce,
+    )

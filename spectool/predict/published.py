@@ -1,0 +1,378 @@
+"""Published speculative-decoding results as a check of the step-cost model.
+
+Reads a folder holding ``results.csv`` (one published measurement a row) and ``models.yaml``
+(the geometry of every model and drafter the rows name), the schema of
+``tests/data/published/`` (see its ``SOURCES.md``), and predicts each usable row's speed-up
+from the row's own acceptance length, with engine-level default factors only
+(:data:`~spectool.predict.cost.ENGINE_DEFAULTS` plus :data:`EXTRA_ENGINES`): nothing is fitted
+per row. Rows without an acceptance length, a concurrency or a draft length are skipped, with
+the reason.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from spectool.errors import BadInputError
+from spectool.predict.acceptance import alpha_for_length
+from spectool.predict.cost import ENGINE_DEFAULTS, EngineFactors, Hardware
+from spectool.predict.geometry import DTYPE_BYTES, Geometry
+from spectool.predict.model import Setup
+
+# Engines the table has that spectool does not deploy: Hugging Face transformers' eager
+# generate() (the research code of Spec-Bench and the EAGLE papers): no CUDA graphs, Python
+# dispatch of every kernel. Overheads fitted like ENGINE_DEFAULTS' (see there).
+EXTRA_ENGINES: dict[str, EngineFactors] = {
+    "hf": EngineFactors(
+        bw_fraction=0.75,
+        flops_fraction=0.6,
+        step_overhead_s=5e-3,
+        forward_overhead_s=20e-6,
+        layer_overhead_s=5e-6,
+        spec_overhead_s=3e-3,
+        source="engine default (hf eager): 75% HBM, 60% peak, 5 ms/step, 3 ms/spec step",
+    ),
+}
+
+# GPUs the table has that spectool's GPU profiles lack (same units as GpuSpec). Sources: NVIDIA
+# GeForce RTX 3090 datasheet / Ampere GA102 whitepaper (936 GB/s; 142 TFLOPS FP16 tensor with
+# sparsity and FP16 accumulate, halved for dense, halved again for FP32 accumulate as PyTorch
+# uses: 35.6); NVIDIA H20 product brief (4.0 TB/s HBM3, 148 TFLOPS dense BF16, 296 FP8).
+EXTRA_GPUS: dict[str, Hardware] = {
+    "rtx-3090": Hardware("RTX 3090", 936e9, 35.6e12, None, 32e9),
+    "h20": Hardware("H20", 4.0e12, 148e12, 296e12, 450e9),
+}
+
+# Mean context per sequence during decode when a row gives no input/output lengths (MT-bench
+# style chat: a prompt of a few hundred tokens, answers of a few hundred).
+DEFAULT_CONTEXT = 512
+_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "fp4": "nvfp4"}
+
+
+@dataclass(frozen=True)
+class PublishedRow:
+    """One row of ``results.csv``, the fields the model reads."""
+
+    row_id: str
+    source_id: str
+    model: str
+    drafter: str | None
+    method: str
+    drafting: str
+    draft_len: int | None
+    engine: str
+    gpu: str
+    tp: int
+    precision: str
+    concurrency: int | None
+    acceptance_length: float | None
+    speedup: float
+    input_len: int | None
+    output_len: int | None
+    verify_tokens: int | None  # tree drafting: tokens verified per sequence (SGLang's n)
+    topk: int  # tree drafting: branches expanded per draft step
+
+
+def _int(value: str) -> int | None:
+    return int(float(value)) if value.strip() else None
+
+
+def _float(value: str) -> float | None:
+    return float(value) if value.strip() else None
+
+
+def load_rows(folder: Path) -> list[PublishedRow]:
+    """Every row of ``folder/results.csv``; errors name the file and the row."""
+    path = folder / "results.csv"
+    try:
+        with path.open(encoding="utf-8", newline="") as fh:
+            raw = list(csv.DictReader(fh))
+    except OSError as exc:
+        raise BadInputError(path, f"cannot read: {exc}") from exc
+    rows = []
+    for i, r in enumerate(raw, start=2):
+        try:
+            notes = r.get("notes", "")
+            n = re.search(r"num_draft_tokens=(\d+)", notes)
+            topk = re.search(r"topk=(\d+)", notes)
+            rows.append(
+                PublishedRow(
+                    row_id=r["row_id"],
+                    source_id=r["source_id"],
+                    model=r["model"],
+                    drafter=r["drafter"] or None,
+                    method=r["method"],
+                    drafting=r["drafting"],
+                    draft_len=_int(r["draft_len"]),
+                    engine=r["engine"],
+                    gpu=r["gpu"],
+                    tp=_int(r["tp"]) or 1,
+                    precision=r["precision"],
+                    concurrency=_int(r["concurrency"]),
+                    acceptance_length=_float(r["acceptance_length"]),
+                    speedup=float(r["speedup"]),
+                    input_len=_int(r["input_len"]),
+                    output_len=_int(r["output_len"]),
+                    verify_tokens=int(n.group(1)) if n else None,
+                    topk=int(topk.group(1)) if topk else 1,
+                )
+            )
+        except (KeyError, ValueError) as exc:
+            raise BadInputError(path, f"line {i}: {exc}") from exc
+    return rows
+
+
+def load_models(folder: Path) -> dict[str, dict[str, Any]]:
+    path = folder / "models.yaml"
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise BadInputError(path, f"cannot read: {' '.join(str(exc).split())}") from exc
+    if not isinstance(data, dict):
+        raise BadInputError(path, "expected a mapping of model keys")
+    return data
+
+
+def geometry_from_published(entry: Mapping[str, Any], name: str, precision: str) -> Geometry:
+    """A :class:`Geometry` from one ``models.yaml`` entry (HF config field names)."""
+    try:
+        hidden = int(entry["hidden_size"])
+        layers = int(entry["num_hidden_layers"])
+        heads = int(entry["num_attention_heads"])
+        kv_heads = int(entry["num_key_value_heads"])
+        head_dim = int(entry["head_dim"])
+        inter = int(entry["intermediate_size"])
+        vocab = int(entry.get("draft_vocab_size") or entry["vocab_size"])
+        kind = str(entry["kind"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BadInputError(f"models.yaml: {name}", f"missing or bad field {exc}") from exc
+    dtype = _PRECISION.get(precision, "bf16")
+    wbytes = DTYPE_BYTES[dtype]
+    kv_elem = 1.0 if wbytes < 2 else 2.0  # fp8/fp4 deployments keep an fp8 KV cache
+    head = float(vocab * hidden)
+    q_in = 2 * hidden if kind == "eagle3_head" else hidden  # EAGLE-3: [embeds, fused hidden]
+    if entry.get("attention") == "mla":
+        q_lora, kv_lora = int(entry["q_lora_rank"]), int(entry["kv_lora_rank"])
+        nope, rope = int(entry["qk_nope_head_dim"]), int(entry["qk_rope_head_dim"])
+        v_dim = int(entry["v_head_dim"])
+        attn = (
+            hidden * q_lora
+            + q_lora * heads * (nope + rope)
+            + hidden * (kv_lora + rope)
+            + kv_lora * heads * (nope + v_dim)
+            + heads * v_dim * hidden
+        )
+        kv = layers * (kv_lora + rope) * kv_elem
+    else:
+        attn = q_in * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden
+        kv = 2 * layers * kv_heads * head_dim * kv_elem
+    experts = int(entry.get("num_experts") or 0)
+    if experts:
+        moe_inter = int(entry["moe_intermediate_size"])
+        dense_layers = int(entry.get("first_k_dense_layers") or 0)
+        moe_layers = layers - dense_layers
+        expert = 3.0 * hidden * moe_inter
+        shared = int(entry.get("shared_experts") or 0) * expert
+        dense = layers * attn + dense_layers * 3.0 * hidden * inter + moe_layers * shared + head
+        top_k = int(entry["experts_per_token"])
+    else:
+        moe_layers, expert, top_k = 0, 0.0, 0
+        dense = layers * (attn + 3.0 * hidden * inter) + head
+    if kind in ("eagle3_head", "eagle_head"):
+        dense += (3 if kind == "eagle3_head" else 2) * hidden * hidden  # fc
+    return Geometry(
+        name=name,
+        num_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        head_dim=head_dim,
+        dense_params=dense,
+        lm_head_params=head,
+        kv_bytes_per_token=kv,
+        weight_bytes_per_param=wbytes,
+        expert_params=expert,
+        num_experts=experts,
+        experts_per_token=top_k,
+        moe_layers=moe_layers,
+    )
+
+
+def hardware_for(gpu: str) -> Hardware:
+    if gpu in EXTRA_GPUS:
+        return EXTRA_GPUS[gpu]
+    from spectool.profiles import load_gpu
+
+    return Hardware.from_gpu(load_gpu(gpu), gpu)
+
+
+def engine_factors(engine: str) -> EngineFactors:
+    if engine in EXTRA_ENGINES:
+        return EXTRA_ENGINES[engine]
+    if engine not in ENGINE_DEFAULTS:
+        raise BadInputError("results.csv", f"engine {engine!r} has no default factors")
+    return ENGINE_DEFAULTS[engine]
+
+
+def skip_reason(row: PublishedRow) -> str | None:
+    """Why a row cannot be predicted from its own numbers, or None."""
+    if row.acceptance_length is None:
+        return "no acceptance length"
+    if row.concurrency is None:
+        return "no concurrency"
+    if row.draft_len is None:
+        return "no draft length"
+    if row.drafting == "tree" and row.verify_tokens is None:
+        return "tree without its size"
+    if row.drafting == "chain" and row.acceptance_length > row.draft_len + 1:
+        return "acceptance length above k + 1"
+    return None
+
+
+def predict_row(
+    row: PublishedRow,
+    models: Mapping[str, Mapping[str, Any]],
+    factors: Mapping[str, EngineFactors] | None = None,
+) -> float:
+    """Predicted speed-up of one usable row (see :func:`skip_reason`), from its published
+    acceptance length, its models' geometry, its GPU and its engine's default factors."""
+    reason = skip_reason(row)
+    if reason:
+        raise BadInputError(row.row_id, f"cannot predict: {reason}")
+    assert row.acceptance_length is not None
+    assert row.concurrency is not None
+    assert row.draft_len is not None
+    target = geometry_from_published(models[row.model], row.model, row.precision)
+    drafter = (
+        geometry_from_published(models[row.drafter], row.drafter, row.precision)
+        if row.drafter
+        else None
+    )
+    f = (factors or {}).get(row.engine) or engine_factors(row.engine)
+    context = (
+        (row.input_len or 0) + (row.output_len or 0) // 2
+        if row.input_len or row.output_len
+        else DEFAULT_CONTEXT
+    )
+    method = {"eagle2": "eagle"}.get(row.method, row.method)
+    setup = Setup(
+        target=target,
+        method=method,
+        hardware=hardware_for(row.gpu),
+        factors=f,
+        drafter=drafter if method in ("draft_model", "eagle3", "eagle") else None,
+        tp=row.tp,
+        context=context,
+    )
+    k, c, length = row.draft_len, row.concurrency, row.acceptance_length
+    base = setup.base_step(c)
+    if row.drafting == "tree":
+        assert row.verify_tokens is not None
+        spec = (
+            setup.draft_time(c * row.topk, k, length, 0.0)
+            + setup.target_step(c, row.verify_tokens)
+            + setup.coord_time(c)
+        )
+    else:
+        p_all = alpha_for_length(length, k, row.row_id) ** k
+        spec = setup.spec_step(c, k, length, p_all)
+    return base * length / spec
+
+
+# The factors fitted per engine to the table (ENGINE_DEFAULTS' overheads come from this), and
+# what they were before any fitting (a GPU engine with CUDA graphs: 0.5 ms per iteration, 0.3 ms
+# per speculative step, 2 us per layer), used where a held-out source leaves its engine no rows.
+FITTED = ("step_overhead_s", "spec_overhead_s", "layer_overhead_s")
+PRIOR = EngineFactors(
+    bw_fraction=0.75,
+    flops_fraction=0.6,
+    step_overhead_s=0.5e-3,
+    forward_overhead_s=20e-6,
+    layer_overhead_s=2e-6,
+    spec_overhead_s=0.3e-3,
+    source="a priori GPU engine (before fitting)",
+)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Predicted against published speed-up for every usable row."""
+
+    rows: tuple[tuple[PublishedRow, float], ...]
+
+    @property
+    def errors(self) -> list[float]:
+        return [p / r.speedup - 1.0 for r, p in self.rows]
+
+    @property
+    def median_abs_error(self) -> float:
+        return statistics.median(abs(e) for e in self.errors)
+
+    def wrong_side(
+        self, band: tuple[float, float] = (0.9, 1.1)
+    ) -> list[tuple[PublishedRow, float]]:
+        """Rows published outside ``band`` whose prediction falls on the other side of 1."""
+        lo, hi = band
+        return [
+            (r, p)
+            for r, p in self.rows
+            if not lo <= r.speedup <= hi and (p > 1.0) != (r.speedup > 1.0)
+        ]
+
+
+def usable(rows: list[PublishedRow]) -> list[PublishedRow]:
+    return [r for r in rows if skip_reason(r) is None]
+
+
+def evaluate(
+    rows: list[PublishedRow],
+    models: Mapping[str, Mapping[str, Any]],
+    factors: Mapping[str, EngineFactors] | None = None,
+) -> Evaluation:
+    return Evaluation(tuple((r, predict_row(r, models, factors)) for r in usable(rows)))
+
+
+def fit_engine_defaults(
+    rows: list[PublishedRow],
+    models: Mapping[str, Mapping[str, Any]],
+    names: tuple[str, ...] = FITTED,
+) -> dict[str, EngineFactors]:
+    """Per engine, the grid point of ``names`` minimising the median |log(pred / published)|
+    over that engine's usable rows (engine-level: one set per engine, never per row)."""
+    from spectool.predict.calibrate import fit_factors
+
+    fitted: dict[str, EngineFactors] = {}
+    for engine in sorted({r.engine for r in usable(rows)}):
+        sub = [r for r in usable(rows) if r.engine == engine]
+
+        def loss(f: EngineFactors, sub: list[PublishedRow] = sub, engine: str = engine) -> float:
+            return statistics.median(
+                abs(math.log(predict_row(r, models, {engine: f}) / r.speedup)) for r in sub
+            )
+
+        fitted[engine] = fit_factors(PRIOR, names, loss, len(sub)).factors
+    return fitted
+
+
+def leave_one_source_out(
+    rows: list[PublishedRow], models: Mapping[str, Mapping[str, Any]]
+) -> Evaluation:
+    """Each source predicted with factors fitted on the other sources of its engine (the
+    unfitted :data:`PRIOR` when its engine has no other source): is the fit more than
+    memorised rows?"""
+    predicted: list[tuple[PublishedRow, float]] = []
+    for source in sorted({r.source_id for r in usable(rows)}):
+        held = [r for r in usable(rows) if r.source_id == source]
+        rest = [r for r in rows if r.source_id != source]
+        fitted = fit_engine_defaults(rest, models)
+        factors = {r.engine: fitted.get(r.engine, PRIOR) for r in held}
+        predicted += [(r, predict_row(r, models, factors)) for r in held]
+    return Evaluation(tuple(predicted))
