@@ -202,7 +202,7 @@ class PublishedAcceptance(BaseModel):
 
     def to_acceptance(self):  # noqa: ANN201 - spectool.predict.Acceptance
         """The figure as the step-cost model takes it, its source named."""
-        from spectool.predict import Acceptance
+        from spectool.predict.acceptance import Acceptance
 
         source = f"published: {self.source}"
         if self.length is not None:
