@@ -4,8 +4,8 @@ For the demo pair (``demo-target`` + ``demo-drafter``, method ``draft_model``), 
 1, 2, 4, 8 and draft length k = 1..4: the predicted per-token ratio (speculative ms per token /
 baseline ms per token = 1 / speed-up) against the measured one. Target: within +-20 %.
 
-What the prediction may use: the CPU probe (:mod:`spectool.predict.probe`: bandwidth, matmul
-rate at the demo's shapes, per-layer and per-step overheads, measured on random weights of the
+What the prediction may use: the CPU probe (:mod:`spectool.predict.probe`, run at the target's
+and at the drafter's shapes: bandwidth, matmul rate, per-layer and per-step overheads, measured on random weights of the
 same shapes, never by decoding the demo models) and the acceptance per position measured in
 the same speculative run (an input, as ``tune`` would give it). Nothing is fitted to the cells.
 ``--clock cpu`` (default) counts time on a core: each run's decode wall time times the run's
@@ -86,9 +86,10 @@ def main() -> int:
     ks = parse_int_list(args.ks)
     target_dir, drafter_dir = builtin_path("demo-target"), builtin_path("demo-drafter")
     target_ckpt = inspect_folder(target_dir)
+    drafter_ckpt = inspect_folder(drafter_dir)
     # The engine computes in float32 on CPU: its KV cache holds float32.
     target = geometry_from_checkpoint(target_ckpt, kv_dtype="float32")
-    drafter = geometry_from_checkpoint(inspect_folder(drafter_dir), kv_dtype="float32")
+    drafter = geometry_from_checkpoint(drafter_ckpt, kv_dtype="float32")
     seq_len = args.prompt_len + args.max_tokens + max(ks) + 8
     cmax = max(concurrencies)
     base = Engine(target_dir, config=EngineConfig(max_batch_size=cmax, max_seq_len=seq_len))
@@ -124,7 +125,16 @@ def main() -> int:
             vocab_size=target_ckpt.vocab_size or 1,
             context=context,
         )
-        print(f"round {r + 1}: probe: {probe.describe()}", flush=True)
+        # the drafter at its own shapes: small matmuls run slower per FLOP
+        probe_d = probe_cpu(
+            drafter,
+            intermediate_size=drafter_ckpt.config["intermediate_size"],
+            num_kv_heads=drafter_ckpt.num_kv_heads or 1,
+            vocab_size=drafter_ckpt.vocab_size or 1,
+            context=context,
+        )
+        print(f"round {r + 1}: probe target: {probe.describe()}", flush=True)
+        print(f"round {r + 1}: probe drafter: {probe_d.describe()}", flush=True)
         setup = Setup(
             target=target,
             method="draft_model",
@@ -132,6 +142,8 @@ def main() -> int:
             factors=probe.factors,
             drafter=drafter,
             context=context,
+            drafter_hardware=probe_d.hardware,
+            drafter_factors=probe_d.factors,
         )
         for c in concurrencies:
             for k in ks:

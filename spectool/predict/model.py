@@ -45,7 +45,8 @@ class Setup:
     ``drafter``: the draft model's or head's geometry (``draft_model``, ``eagle3``, ``eagle``);
     None for ``mtp`` (uses ``mtp_layer`` or the target cut to one layer), ``ngram`` and
     ``medusa``. ``context``: tokens of context per sequence during decode (prompt + half the
-    output is a fair mean).
+    output is a fair mean). ``drafter_hardware`` / ``drafter_factors``: the drafter's own
+    figures where they differ (the CPU probe run at the drafter's shapes); None = the target's.
     """
 
     target: Geometry
@@ -56,6 +57,8 @@ class Setup:
     tp: int = 1
     context: int = 1024
     mtp_layer: Geometry | None = None
+    drafter_hardware: Hardware | None = None
+    drafter_factors: EngineFactors | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -94,6 +97,9 @@ class Setup:
             step = forward_cost(heads, hw, f, batch, 1, 0, tp)
             return step.seconds + (k - 1) * step.memory_s
         assert self.drafter is not None
+        # a probe can measure the drafter at its own shapes (small matmuls run slower per FLOP)
+        hw = self.drafter_hardware or hw
+        f = self.drafter_factors or f
         one = forward_cost(self.drafter, hw, f, batch, 1, ctx, tp).seconds
         if self.method == "draft_model":
             q = 1.0 - (1.0 - p_all) ** batch

@@ -43,15 +43,6 @@ EXTRA_ENGINES: dict[str, EngineFactors] = {
     ),
 }
 
-# GPUs the table has that spectool's GPU profiles lack (same units as GpuSpec). Sources: NVIDIA
-# GeForce RTX 3090 datasheet / Ampere GA102 whitepaper (936 GB/s; 142 TFLOPS FP16 tensor with
-# sparsity and FP16 accumulate, halved for dense, halved again for FP32 accumulate as PyTorch
-# uses: 35.6); NVIDIA H20 product brief (4.0 TB/s HBM3, 148 TFLOPS dense BF16, 296 FP8).
-EXTRA_GPUS: dict[str, Hardware] = {
-    "rtx-3090": Hardware("RTX 3090", 936e9, 35.6e12, None, 32e9),
-    "h20": Hardware("H20", 4.0e12, 148e12, 296e12, 450e9),
-}
-
 # Mean context per sequence during decode when a row gives no input/output lengths (MT-bench
 # style chat: a prompt of a few hundred tokens, answers of a few hundred).
 DEFAULT_CONTEXT = 512
@@ -207,8 +198,7 @@ def geometry_from_published(entry: Mapping[str, Any], name: str, precision: str)
 
 
 def hardware_for(gpu: str) -> Hardware:
-    if gpu in EXTRA_GPUS:
-        return EXTRA_GPUS[gpu]
+    """The row's GPU from spectool's GPU profiles (unknown names: one-line ProfileError)."""
     from spectool.profiles import load_gpu
 
     return Hardware.from_gpu(load_gpu(gpu), gpu)
