@@ -5,9 +5,16 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import signal
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
+from ckpt_factory import build_checkpoint
 from pydantic import ValidationError
 
 from spectool import profiles
@@ -101,7 +108,7 @@ def test_check_offline_predicts_from_the_profile(offline: None, capsys) -> None:
 
 
 def test_check_without_acceptance_gives_break_even_lengths(offline: None, capsys) -> None:
-    assert main(["check", "llama-3.3-70b-eagle3", "--gpu", "h100-sxm", "--json"]) == 3
+    assert main(["check", "deepseek-v3-mtp", "--gpu", "h200", "--tp", "8", "--json"]) == 3
     pays = json.loads(capsys.readouterr().out)["will_it_pay"]
     assert pays["acceptance"] is None and pays["break_even_concurrency"] is None
     for line in pays["lines"]:
@@ -155,3 +162,103 @@ def test_predict_only_refuses_without_acceptance(tmp_path: Path, capsys) -> None
     assert main([*argv, "--out", str(tmp_path / "x")]) == 2
     assert "a schedule needs acceptance" in capsys.readouterr().err
     assert not (tmp_path / "x" / "decision.json").exists()
+
+
+@pytest.fixture(scope="module")
+def llama_eagle3(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The real Llama-3.1-8B + EAGLE-3 headers (sparse files: no disk, no weights)."""
+    root = tmp_path_factory.mktemp("pair")
+    target = build_checkpoint("meta-llama/Llama-3.1-8B-Instruct", root / "t")
+    drafter = build_checkpoint("yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", root / "e")
+    return target, drafter
+
+
+def test_check_reads_geometry_from_headers_and_agrees_with_the_profile(
+    llama_eagle3: tuple[Path, Path], offline: None, capsys
+) -> None:
+    target, drafter = llama_eagle3
+    flags = ["--gpu", "h100-sxm", "--concurrency", "1,64", "--acceptance-length", "2.79"]
+    flags += ["--max-draft-len", "3", "--json"]
+    assert main(["check", str(target), str(drafter), *flags]) == 0
+    headers = json.loads(capsys.readouterr().out)["will_it_pay"]
+    assert headers["geometry"] == "checkpoint headers"
+    assert main(["check", "llama-3.1-8b-eagle3", *flags]) == 3
+    profile = json.loads(capsys.readouterr().out)["will_it_pay"]
+    assert profile["geometry"].startswith("profile llama-3.1-8b-eagle3")
+    for h, p in zip(headers["concurrency"], profile["concurrency"], strict=True):
+        assert h["best_k"] == p["best_k"]
+        assert h["base_step_ms"] == pytest.approx(p["base_step_ms"], rel=0.01)
+        for hk, pk in zip(h["ks"], p["ks"], strict=True):
+            assert hk["speedup"] == pytest.approx(pk["speedup"], rel=0.01)
+
+
+def test_predict_only_on_trtllm_uses_the_gpu_defaults(
+    llama_eagle3: tuple[Path, Path], tmp_path: Path, capsys
+) -> None:
+    target, drafter = llama_eagle3
+    out = tmp_path / "t"
+    argv = ["tune", str(target), str(drafter), "--engine", "trtllm", "--gpu", "h100-sxm"]
+    argv += ["--predict-only", "--acceptance-rate", "0.7", "--concurrency", "1,8,64"]
+    assert main([*argv, "--max-draft-len", "4", "--out", str(out)]) == 0
+    assert "predicted, not measured" in capsys.readouterr().out
+    decision = json.loads((out / "decision.json").read_text())
+    assert decision["engine"] == "trtllm" and decision["method"] == "eagle3"
+    assert decision["prediction"]["hardware"] == "H100 SXM"
+    assert decision["prediction"]["calibration"].startswith("engine default (trtllm)")
+    assert decision["prediction"]["acceptance"] == "--acceptance-rate 0.7"
+    assert 1 <= decision["max_draft_len"] <= 4 and decision["schedule"]["1"] >= 1
+    assert (out / "speculative.yaml").is_file() and (out / "baseline.yaml").is_file()
+
+
+def test_predict_only_takes_acceptance_from_an_earlier_run(tmp_path: Path, capsys) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    raw = {
+        "iterations": [],
+        "positions": {"accepted_per_pos": [90, 60], "reached_per_pos": [100, 90]},
+    }
+    (run / "tune.json").write_text(
+        json.dumps({"format": "spectool.tune/1", "cells": [{"concurrency": 1, "k": 2, "raw": raw}]})
+    )
+    out = tmp_path / "p"
+    argv = ["tune", "--predict-only", "--acceptance-from", str(run), "--concurrency", "1"]
+    assert main([*argv, "--out", str(out), "--json"]) == 0
+    decision = json.loads(capsys.readouterr().out)
+    assert "tune" in decision["prediction"]["acceptance"]
+    assert {c["k"] for c in decision["cells"]} == {1, 2}  # measured up to k=2: no k=3, 4 cells
+    assert main(["tune", "--acceptance-rate", "0.5", "--out", str(tmp_path / "m")]) == 2
+    assert "--predict-only" in capsys.readouterr().err
+
+
+def test_predicted_build_serves_one_request_and_says_predicted(tmp_path: Path) -> None:
+    """tune --predict-only -> spectool serve DIR: start, one request, SIGTERM; the cost gate's
+    line on stderr says the decision is predicted, not measured."""
+    out = tmp_path / "pred"
+    assert main(["tune", "--predict-only", "--concurrency", "1,2", "--out", str(out)]) == 0
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    stdout, stderr = tmp_path / "out", tmp_path / "err"
+    cmd = [sys.executable, "-m", "spectool.cli.app", "serve", str(out), "--port", str(port)]
+    cmd += ["--expected-concurrency", "1"]
+    server = subprocess.Popen(cmd, stdout=stdout.open("wb"), stderr=stderr.open("wb"))
+    try:
+        end = time.monotonic() + 120
+        while "ready after" not in stdout.read_text(errors="replace"):
+            assert server.poll() is None, stderr.read_text()
+            assert time.monotonic() < end, "server not ready in 120 s"
+            time.sleep(0.2)
+        response = httpx.post(
+            f"http://127.0.0.1:{port}/v1/completions",
+            timeout=30.0,
+            json={"prompt": "def f(", "max_tokens": 4, "ignore_eos": True},
+        )
+        assert response.json()["usage"]["completion_tokens"] == 4
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=30) == 0
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    log = stderr.read_text()
+    assert "predicted, not measured" in log and "speculative.json" in log
