@@ -305,6 +305,7 @@ def will_it_pay(
     break-even acceptance (without), on TensorRT-LLM's engine defaults for ``gpu_spec``."""
     from spectool import predicted
     from spectool.predict import Hardware, describe, predict, setup_for
+    from spectool.predict.model import METHODS as PREDICTED_METHODS
 
     concurrency = req.concurrency or predicted.DEFAULT_CONCURRENCY
     if req.engine == "torch":
@@ -313,7 +314,7 @@ def will_it_pay(
             "skipped": "the embedded engine's calibration is a CPU probe: "
             "spectool tune --predict-only --engine torch",
         }
-    if method not in ("draft_model", "eagle3", "eagle", "mtp", "ngram", "medusa"):
+    if method not in PREDICTED_METHODS:
         return {"predicted": True, "skipped": f"no step-cost model for method {method}"}
     geom = predicted.pair_geometry(target, drafter, method, recipe, profile)
     flags = predicted.AcceptanceFlags(req.acceptance_length, req.acceptance_rate)
