@@ -59,6 +59,7 @@ from spectool.decide.model import (
     CellPrediction,
     ScheduleSemantics,
     StepCostModel,
+    StepCostObservation,
     break_even_concurrency,
     choose_k,
     fit_step_cost,
@@ -112,6 +113,7 @@ def tune(
     finished_pairs: Mapping[CellKey, PairedCell] | None = None,
     measure_after: Callable[[int], CellMeasurement] | None = None,
     rival: Mapping[int, float] | None = None,
+    prior_step: Callable[[float, int], float] | None = None,
 ) -> TuneResult:
     """Search draft lengths ``0..max_draft_len`` at ``concurrencies``; see the module docstring.
 
@@ -132,6 +134,11 @@ def tune(
     concurrency, the per-token ratio another method already measured there (1.0 = it stays
     off). Cells predicted more than ``close_margin`` worse than the rival are not confirmed: the
     predictions prune them, and a note says where.
+
+    ``prior_step(batch, k)``: a step time from first principles (:mod:`spectool.predict`, any
+    unit), for servers that restart per draft length. The plan then measures no ``k = 1`` cost
+    cell (a server start fewer unless ``k = 1`` is confirmed later): that cell's step cost is the measured ``k = K`` step at the
+    smallest concurrency times the prior's ``k=1 / k=K`` ratio, and a note says so.
     """
     concs = tuple(sorted(set(concurrencies)))
     if not concs or concs[0] < 1:
@@ -175,6 +182,8 @@ def tune(
         acceptance_concurrencies=acceptance_concurrencies,
         cost_concurrencies=cost_concurrencies,
     )
+    if prior_step is not None and max_draft_len > 1:
+        plan = tuple(key for key in plan if key[1] != 1)
     planned = {key: get(*key) for key in plan}
 
     # Predictions rest on the planned cells only, so a resumed search (which may already hold
@@ -185,6 +194,8 @@ def tune(
     observations = [
         o for cell in planned.values() if (o := observation_from_cell(cell)) is not None
     ]
+    if prior_step is not None and max_draft_len > 1:
+        observations += _prior_observations(observations, prior_step, max_draft_len, notes)
     model: StepCostModel | None = None
     predictions: tuple[CellPrediction, ...] = ()
     predicted_choices: dict[int, int] = {}
@@ -345,3 +356,24 @@ def _against_rival(
                 f"{best.ratio:.3f} against {bar:.3f} measured for a rival method"
             )
     return kept, notes
+
+
+def _prior_observations(
+    observations: Sequence[StepCostObservation],
+    prior_step: Callable[[float, int], float],
+    max_draft_len: int,
+    notes: list[str],
+) -> list[StepCostObservation]:
+    """The ``k = 1`` step cost the plan did not measure, from the smallest-batch ``k = K``
+    observation scaled by the prior (see :func:`tune`); none without such an observation."""
+    anchors = [o for o in observations if o.k == max_draft_len]
+    if not anchors or any(o.k == 1 for o in observations):
+        return []
+    anchor = min(anchors, key=lambda o: o.batch)
+    scale = prior_step(anchor.batch, 1) / prior_step(anchor.batch, max_draft_len)
+    notes.append(
+        f"k=1 not measured at planning (the prior stands in for it): its step cost at batch "
+        f"{anchor.batch:.1f} is the measured k={max_draft_len} step ({anchor.step_ms:.2f} ms) "
+        f"times the roofline prior's k=1/k={max_draft_len} ratio ({scale:.3f})"
+    )
+    return [StepCostObservation(anchor.batch, 1, anchor.step_ms * scale)]

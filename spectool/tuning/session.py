@@ -48,6 +48,8 @@ from spectool.tuning.plan import (
     measurement_plan,
     schedule_semantics,
 )
+from spectool.tuning.prior import PriorStep
+from spectool.tuning.prompts import TunePrompts
 from spectool.tuning.request import ResolvedTune
 from spectool.tuning.resume import (
     check_requests,
@@ -222,6 +224,7 @@ def run_tune(
             looks=LOOKS,
             measure_after=None if driver.interleaves else measure_after,
             rival=rival,
+            prior_step=None if driver.interleaves else _prior(resolved, prompts, progress),
         )
         server_starts = driver.starts
     measure_s = time.perf_counter() - measure_started
@@ -247,3 +250,18 @@ def run_tune(
         measure_s=measure_s,
         progress=progress,
     )
+
+
+def _prior(
+    resolved: ResolvedTune, prompts: TunePrompts, progress: TuneProgress | None
+) -> PriorStep | None:
+    """The roofline prior for a server that restarts per draft length (one message either way)."""
+    from spectool.tuning.prior import trtllm_prior
+
+    # context per sequence while decoding: the longest prompt kept (the mean is not counted) plus
+    # half the output; the prior's k=1/k=K ratio barely moves with it
+    prompt = prompts.max_prompt_tokens or resolved.max_seq_len // 2
+    prior, why = trtllm_prior(resolved, context=prompt + resolved.max_tokens // 2)
+    if progress is not None:
+        progress.on_message(why)
+    return prior

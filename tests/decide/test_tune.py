@@ -344,3 +344,28 @@ def test_bracketing_judges_unpaired_cells_against_the_baseline_before_and_after(
         assert v.paired is not None and v.paired.drift_base > 1.2
         same = plain[(v.concurrency, v.k)]
         assert v.ci_low <= same.ci_low * 1.01 and v.ci_high >= same.ci_high * 0.99
+
+
+def test_a_prior_saves_the_cost_cell_and_still_picks_the_best() -> None:
+    # Acceptance high enough that k=1 is nowhere the best: its server start is saved outright.
+    world = World(alphas=(0.9, 0.85, 0.8, 0.7, 0.6, 0.5))
+    alone = Recorder(world)
+    tune(CONCURRENCIES, K, alone, n_boot=300)
+    with_prior = Recorder(world)
+    result = tune(CONCURRENCIES, K, with_prior, n_boot=300, prior_step=world.step_ms)
+    planned = initial_plan(CONCURRENCIES, K)
+    assert (1, 1) in planned and (1, 1) in alone.calls[: len(planned)]
+    assert (1, 1) not in with_prior.calls[: len(planned) - 1]
+    assert any("the prior stands in" in note for note in result.notes)
+    assert len(with_prior.calls) < len(alone.calls)
+    assert_near_best(world, result.choices)
+    starts = len({k for _, k in with_prior.calls})
+    assert starts < len({k for _, k in alone.calls}), (with_prior.calls, alone.calls)
+
+
+def test_a_wrong_prior_changes_what_is_measured_never_the_evidence() -> None:
+    # A prior that says k costs nothing: every choice still rests on measured cells.
+    world = World()
+    result = tune(CONCURRENCIES, K, Recorder(world), n_boot=300, prior_step=lambda b, k: 1.0)
+    chosen = {(c, k) for c, k in result.choices.items() if k > 0}
+    assert chosen <= {(v.concurrency, v.k) for v in result.cells}
