@@ -61,6 +61,10 @@ class PairOptions:
 @dataclass(frozen=True)
 class CheckRequest(PairOptions):
     engine: str = "trtllm"
+    # The "will it pay" section (spectool.predicted): asked for when a GPU is known.
+    concurrency: tuple[int, ...] | None = None
+    acceptance_length: float | None = None
+    acceptance_rate: float | None = None
 
 
 @dataclass(frozen=True)
@@ -68,7 +72,7 @@ class CheckReport:
     method: str
     engine: str
     max_draft_len: int
-    target: Checkpoint
+    target: Checkpoint | None  # None: headers unavailable (offline), see ``unread``
     drafter: Checkpoint | None
     findings: list[Finding]
     memory: MemoryEstimate | None
@@ -76,14 +80,18 @@ class CheckReport:
     gpu: dict[str, Any] | None = None
     profile: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    pays: dict[str, Any] | None = None  # the prediction (spectool.predicted.pays_json)
+    unread: str | None = None  # why the headers could not be read; checks that did not run
+
+    @property
+    def verdict(self) -> str:
+        if self.errors:
+            return "incompatible"
+        return "unverified" if self.unread else "compatible"
 
     @property
     def errors(self) -> list[Finding]:
         return [f for f in self.findings if f.severity is Severity.ERROR]
-
-    @property
-    def verdict(self) -> str:
-        return "incompatible" if self.errors else "compatible"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -92,12 +100,14 @@ class CheckReport:
             "engine": self.engine,
             "max_draft_len": self.max_draft_len,
             "profile": self.profile,
-            "target": self.target.summary(),
+            "target": self.target.summary() if self.target else None,
             "drafter": self.drafter.summary() if self.drafter else None,
             "findings": [f.to_json() for f in self.findings],
             "memory": self.memory.to_json() if self.memory else None,
             "trtllm": self.trtllm,
             "gpu": self.gpu,
+            "unverified": self.unread,
+            "will_it_pay": self.pays,
         }
 
 
@@ -157,8 +167,14 @@ def run_check(req: CheckRequest) -> CheckReport:
     if req.tp < 1:
         raise BadInputError("--tp", f"must be 1 or more, got {req.tp}")
     target_ref, drafter_ref, method, max_draft_len, profile = expand_profile(req)
-    target = resolve_checkpoint(target_ref)
-    drafter = resolve_checkpoint(drafter_ref) if drafter_ref and drafter_ref != "self" else None
+    recipe = _recipe(profile)
+    try:
+        target = resolve_checkpoint(target_ref)
+        drafter = resolve_checkpoint(drafter_ref) if drafter_ref and drafter_ref != "self" else None
+    except BadInputError as exc:
+        if not _profile_only_ok(req, recipe, target_ref, drafter_ref):
+            raise
+        return _profile_only_report(req, recipe, profile, exc)
     method = resolve_method(method, target, drafter)
     if max_draft_len is None:
         native = methods.get(method).uses_native_layers
@@ -194,6 +210,11 @@ def run_check(req: CheckRequest) -> CheckReport:
             max_draft_len=max_draft_len,
         )
         findings += memory_findings(memory, req.max_batch_size)
+    pays = (
+        will_it_pay(req, method, max_draft_len, target, drafter, recipe, profile, gpu_spec)
+        if gpu_spec is not None
+        else None
+    )
     return CheckReport(
         method=method,
         engine=req.engine,
@@ -205,7 +226,112 @@ def run_check(req: CheckRequest) -> CheckReport:
         trtllm=trtllm,
         gpu=gpu_json,
         profile=profile,
+        pays=pays,
     )
+
+
+def _recipe(profile: str | None) -> Any:
+    from spectool import profiles
+
+    return profiles.load_profile(profile) if profile else None
+
+
+def _profile_only_ok(
+    req: CheckRequest, recipe: Any, target_ref: str, drafter_ref: str | None
+) -> bool:
+    """Whether check may go on from the profile alone when headers cannot be read: a GPU was
+    named (the prediction is what is left to say) and the models are the profile's own."""
+    return (
+        recipe is not None
+        and recipe.geometry is not None
+        and req.gpu not in (None, "auto")
+        and target_ref == recipe.target
+        and drafter_ref == recipe.drafter
+    )
+
+
+# What check could not do without the checkpoints' headers.
+NOT_RUN_WITHOUT_HEADERS = (
+    "checkpoint rules (architecture, vocabulary, drafter kind)",
+    "engine support rules",
+    "memory estimate",
+)
+
+
+def _profile_only_report(
+    req: CheckRequest, recipe: Any, profile: str | None, exc: BadInputError
+) -> CheckReport:
+    """Headers unavailable (offline, not cached): the prediction from the profile's geometry,
+    and a finding naming every check that did not run. Verdict ``unverified``."""
+    from spectool.findings import warning
+
+    gpu_spec = _resolve_gpu(req.gpu)
+    method = recipe.method if req.method == "auto" else req.method
+    max_draft_len = req.max_draft_len or recipe.max_draft_len
+    reason = " ".join(str(exc).split())
+    finding = warning(
+        "HEADERS_UNAVAILABLE",
+        f"not run: {', '.join(NOT_RUN_WITHOUT_HEADERS)}: {reason}",
+        "Run once online (or pass local folders) for the compatibility verdict; the prediction "
+        "uses the profile's geometry block.",
+    )
+    pays = will_it_pay(req, method, max_draft_len, None, None, recipe, profile, gpu_spec)
+    return CheckReport(
+        method=method,
+        engine=req.engine,
+        max_draft_len=max_draft_len,
+        target=None,
+        drafter=None,
+        findings=[finding],
+        memory=None,
+        gpu={"name": gpu_spec.name, "sm": gpu_spec.sm, "memory_gib": gpu_spec.memory_gib},
+        profile=profile,
+        pays=pays,
+        unread=reason,
+    )
+
+
+def will_it_pay(
+    req: CheckRequest,
+    method: str,
+    max_draft_len: int,
+    target: Checkpoint | None,
+    drafter: Checkpoint | None,
+    recipe: Any,
+    profile: str | None,
+    gpu_spec: Any,
+) -> dict[str, Any]:
+    """The "will it pay" section: predicted speed-up per concurrency (with acceptance) or the
+    break-even acceptance (without), on TensorRT-LLM's engine defaults for ``gpu_spec``."""
+    from spectool import predicted
+    from spectool.predict import Hardware, describe, predict, setup_for
+    from spectool.predict.model import METHODS as PREDICTED_METHODS
+
+    concurrency = req.concurrency or predicted.DEFAULT_CONCURRENCY
+    if req.engine == "torch":
+        return {
+            "predicted": True,
+            "skipped": "the embedded engine's calibration is a CPU probe: "
+            "spectool tune --predict-only --engine torch",
+        }
+    if method not in PREDICTED_METHODS:
+        return {"predicted": True, "skipped": f"no step-cost model for method {method}"}
+    geom = predicted.pair_geometry(target, drafter, method, recipe, profile)
+    flags = predicted.AcceptanceFlags(req.acceptance_length, req.acceptance_rate)
+    acceptance = predicted.resolve_acceptance(flags, recipe, max_draft_len)
+    setup = setup_for(
+        geom.target,
+        method,
+        Hardware.from_gpu(gpu_spec),
+        drafter=geom.drafter,
+        engine="trtllm",
+        tp=req.tp,
+        context=predicted.DEFAULT_CONTEXT,
+    )
+    pred = predict(setup, acceptance, concurrency, predicted.ks_for(max_draft_len))
+    out = predicted.pays_json(pred, geom.source, "trtllm")
+    out["lines"] = describe(pred)
+    return out
 
 
 def _resolve_gpu(arg: str | None) -> Any:

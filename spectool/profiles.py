@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from spectool import methods
 from spectool.errors import ProfileError
+from spectool.predict.geometry import GeometrySpec
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
@@ -44,6 +45,9 @@ _CHECKOUT_PROFILES = Path(__file__).resolve().parent.parent / "profiles"
 # The method names and which take no drafter come from spectool.methods.
 METHODS: tuple[str, ...] = methods.METHODS
 METHODS_WITHOUT_DRAFTER: frozenset[str] = methods.METHODS_WITHOUT_DRAFTER
+
+# Methods whose step cost depends on the drafter's sizes (spectool.predict.model).
+_DRAFTER_GEOMETRY_METHODS = frozenset({"draft_model", "eagle", "eagle3"})
 
 _VENDOR_WORDS = frozenset({"nvidia", "geforce", "tesla"})
 # A Hugging Face repo id ("owner/name") or one of spectool's embedded models ("spectool:name").
@@ -143,6 +147,73 @@ class Alternative(BaseModel):
         return self
 
 
+class ProfileGeometry(BaseModel):
+    """Sizes of the pair for offline prediction (``geometry:``): what
+    :func:`spectool.predict.geometry_from_mapping` reads, for the target and (methods with a
+    drafter) the drafter, and where the numbers were read (``source``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: str = Field(min_length=1)
+    target: GeometrySpec
+    drafter: GeometrySpec | None = None
+
+
+class PublishedAcceptance(BaseModel):
+    """A published acceptance figure for the pair (``acceptance:``), with its source.
+
+    Exactly one of ``length`` (mean tokens per step, bonus included, measured at
+    ``draft_len``), ``rate`` (per-draft-token acceptance) or ``per_position`` (conditional
+    acceptance of draft positions 1..n).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    length: float | None = Field(default=None, ge=1.0)
+    rate: float | None = Field(default=None, ge=0.0, le=1.0)
+    per_position: tuple[float, ...] | None = None
+    draft_len: int | None = Field(default=None, ge=1, le=64)
+    source: str
+    notes: str = Field(min_length=1)
+
+    @field_validator("source")
+    @classmethod
+    def _source_ref(cls, value: str) -> str:
+        if not _SOURCE_REF.match(value):
+            raise ValueError(f"{value!r} is not a URL or an 'owner/repo:path' reference")
+        return value
+
+    @model_validator(mode="after")
+    def _one_figure(self) -> PublishedAcceptance:
+        given = [n for n in ("length", "rate", "per_position") if getattr(self, n) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of length, rate or per_position")
+        if self.length is not None:
+            if self.draft_len is None:
+                raise ValueError("length needs the draft_len it was measured at")
+            if self.length > self.draft_len + 1:
+                raise ValueError(f"length {self.length} exceeds draft_len + 1")
+        if self.per_position is not None:
+            if not self.per_position or any(not 0 <= a <= 1 for a in self.per_position):
+                raise ValueError("per_position values must lie in [0, 1]")
+            if self.draft_len is not None and self.draft_len != len(self.per_position):
+                raise ValueError("draft_len differs from the number of per_position values")
+        return self
+
+    def to_acceptance(self):  # noqa: ANN201 - spectool.predict.Acceptance
+        """The figure as the step-cost model takes it, its source named."""
+        from spectool.predict.acceptance import Acceptance
+
+        source = f"published: {self.source}"
+        if self.length is not None:
+            assert self.draft_len is not None
+            return Acceptance.from_length(self.length, self.draft_len, source)
+        if self.rate is not None:
+            return Acceptance.from_rate(self.rate, source)
+        assert self.per_position is not None
+        return Acceptance.from_alphas(self.per_position, source)
+
+
 class Recipe(BaseModel):
     """A named, documented target/drafter pair, from ``<name>.yaml``.
 
@@ -163,6 +234,8 @@ class Recipe(BaseModel):
     notes: str = Field(min_length=1)
     source: str
     alternatives: tuple[Alternative, ...] = ()
+    geometry: ProfileGeometry | None = None
+    acceptance: PublishedAcceptance | None = None
 
     @field_validator("target", "drafter")
     @classmethod
@@ -189,6 +262,11 @@ class Recipe(BaseModel):
         listed = [self.method, *(a.method for a in self.alternatives)]
         if len(set(listed)) != len(listed):
             raise ValueError(f"alternatives repeat a method: {', '.join(listed)}")
+        if self.geometry is not None:
+            if self.method in _DRAFTER_GEOMETRY_METHODS and self.geometry.drafter is None:
+                raise ValueError(f"geometry: method {self.method} needs the drafter's geometry")
+            if self.drafter is None and self.geometry.drafter is not None:
+                raise ValueError("geometry: drafter given but the recipe has no drafter")
         return self
 
 
@@ -196,7 +274,12 @@ class Recipe(BaseModel):
 
 
 def profiles_root() -> Folder:
-    """The folder holding the recipe files (GPU files are in its ``gpus`` subfolder)."""
+    """The folder holding the recipe files (GPU files are in its ``gpus`` subfolder).
+
+    A source checkout's own ``profiles/`` wins over the data package: an editable install of
+    another checkout (a git worktree sharing its venv) must not answer for this one."""
+    if _CHECKOUT_PROFILES.is_dir():
+        return _CHECKOUT_PROFILES
     try:
         return importlib.resources.files(DATA_PACKAGE)
     except ModuleNotFoundError:

@@ -186,7 +186,13 @@ def _render(plan, written: list[Path]) -> None:  # noqa: ANN001 - BuildPlan, imp
             f"runtime gate: {m.runtime_gate.kind}, no speculation above batch size "
             f"{m.runtime_gate.off_above}"
         )
-    elif m.decision is None:
+    if m.decision is not None and m.decision.predicted:
+        console.print(
+            "decision: [bold yellow]predicted, not measured[/] (tune --predict-only; "
+            f"acceptance: {(m.decision.prediction or {}).get('acceptance')}); run spectool tune "
+            "to measure it",
+        )
+    elif m.runtime_gate is None and m.decision is None:
         console.print(
             "no tune decision: speculation is unmeasured (spectool tune, then --decision)"
         )

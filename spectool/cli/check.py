@@ -7,6 +7,9 @@ from typing import Annotated
 import typer
 
 from spectool.cli.options import (
+    AcceptanceLengthOpt,
+    AcceptanceRateOpt,
+    ConcurrencyListOpt,
     DrafterArg,
     GpuOpt,
     JsonOpt,
@@ -41,13 +44,19 @@ def check(
     max_batch_size: MaxBatchOpt = None,
     max_seq_len: MaxSeqOpt = None,
     trust_remote_code: TrustRemoteCodeOpt = False,
+    concurrency: ConcurrencyListOpt = None,
+    acceptance_length: AcceptanceLengthOpt = None,
+    acceptance_rate: AcceptanceRateOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Pre-flight compatibility check of a target/drafter pair (reads headers, never weights).
 
-    Exit 0 compatible, 1 incompatible, 2 bad input.
+    With a GPU (--gpu NAME) it also predicts whether speculation pays per concurrency.
+    Exit 0 compatible, 1 incompatible, 2 bad input, 3 unverified (headers unavailable offline;
+    the prediction from the profile's geometry is still printed).
     """
     from spectool.check import CheckRequest, run_check
+    from spectool.predicted import parse_concurrency
 
     report = run_check(
         CheckRequest(
@@ -64,6 +73,9 @@ def check(
             max_batch_size=max_batch_size,
             max_seq_len=max_seq_len,
             trust_remote_code=trust_remote_code,
+            concurrency=parse_concurrency(concurrency) if concurrency else None,
+            acceptance_length=acceptance_length,
+            acceptance_rate=acceptance_rate,
         )
     )
     if as_json:
@@ -72,47 +84,16 @@ def check(
         print_json(report.to_json())
     else:
         render_report(report)
-    raise typer.Exit(0 if report.verdict == "compatible" else 1)
+    raise typer.Exit({"compatible": 0, "incompatible": 1}.get(report.verdict, 3))
 
 
 def render_report(report) -> None:  # noqa: ANN001 - CheckReport, imported lazily
-    from rich.table import Table
+    from spectool.cli.output import console, findings_table, gib
 
-    from spectool.ckpt.inspect import KIND_LABELS
-    from spectool.cli.output import console, findings_table, gib, is_narrow
-
-    fields = ("ref", "kind", "architecture", "hidden", "layers", "vocab", "dtype", "weights")
-    rows = {
-        role: (
-            c.ref,
-            KIND_LABELS[c.kind],
-            str(c.architecture),
-            str(c.hidden_size),
-            str(c.num_layers),
-            str(c.vocab_size),
-            str(c.dtype),
-            gib(c.weight_bytes),
-        )
-        for role, c in (("target", report.target), ("drafter", report.drafter))
-        if c is not None
-    }
-    if is_narrow():  # one row per field, one column per checkpoint: no word is broken
-        models = Table(title="Checkpoints", show_header=True)
-        models.add_column("", no_wrap=True, style="bold")
-        for role in rows:
-            models.add_column(role, overflow="fold")
-        for i, name in enumerate(fields):
-            models.add_row(name, *(values[i] for values in rows.values()))
+    if report.target is None:
+        console.print("checkpoints: headers unavailable (finding HEADERS_UNAVAILABLE)")
     else:
-        models = Table(title="Checkpoints", show_header=True)
-        models.add_column("role", no_wrap=True)
-        models.add_column("ref", overflow="fold")
-        models.add_column("kind")
-        for name in fields[2:]:
-            models.add_column(name, no_wrap=True)
-        for role, values in rows.items():
-            models.add_row(role, *values)
-    console.print(models)
+        console.print(_models_table(report))
     engine = report.engine
     if report.trtllm:
         t = report.trtllm
@@ -132,8 +113,76 @@ def render_report(report) -> None:  # noqa: ANN001 - CheckReport, imported lazil
         console.print("memory: no GPU known (pass --gpu NAME for an estimate)")
     if report.findings:
         console.print(findings_table(report.findings))
-    colour = "green" if report.verdict == "compatible" else "red"
+    if report.pays is not None:
+        render_pays(report.pays)
+    colour = {"compatible": "green", "incompatible": "red"}.get(report.verdict, "yellow")
     console.print(f"verdict: [bold {colour}]{report.verdict}[/]")
+
+
+def render_pays(pays: dict) -> None:
+    """The "will it pay" section: inputs named, one line per concurrency, break-even."""
+    from spectool.cli.output import console
+
+    console.print("[bold]will it pay[/] (predicted, not measured)")
+    if "skipped" in pays:
+        console.print(f"  not predicted: {pays['skipped']}")
+        return
+    acc = pays["acceptance"]
+    console.print(
+        f"  {pays['method']} on {pays['hardware']} (tp={pays['tp']}, context {pays['context']})"
+        f"; geometry: {pays['geometry']}"
+    )
+    console.print(f"  calibration: {pays['factors']}")
+    console.print(
+        "  acceptance: "
+        + (
+            "none given (no flag, no profile figure): break-even acceptance per concurrency"
+            if acc is None
+            else acc["source"]
+        ),
+        markup=False,
+    )
+    for line in pays["lines"]:
+        console.print(f"  {line}", markup=False)
+
+
+def _models_table(report):  # noqa: ANN001, ANN202 - CheckReport -> rich Table
+    from rich.table import Table
+
+    from spectool.ckpt.inspect import KIND_LABELS
+    from spectool.cli.output import gib, is_narrow
+
+    fields = ("ref", "kind", "architecture", "hidden", "layers", "vocab", "dtype", "weights")
+    rows = {
+        role: (
+            c.ref,
+            KIND_LABELS[c.kind],
+            str(c.architecture),
+            str(c.hidden_size),
+            str(c.num_layers),
+            str(c.vocab_size),
+            str(c.dtype),
+            gib(c.weight_bytes),
+        )
+        for role, c in (("target", report.target), ("drafter", report.drafter))
+        if c is not None
+    }
+    models = Table(title="Checkpoints", show_header=True)
+    if is_narrow():  # one row per field, one column per checkpoint: no word is broken
+        models.add_column("", no_wrap=True, style="bold")
+        for role in rows:
+            models.add_column(role, overflow="fold")
+        for i, name in enumerate(fields):
+            models.add_row(name, *(values[i] for values in rows.values()))
+    else:
+        models.add_column("role", no_wrap=True)
+        models.add_column("ref", overflow="fold")
+        models.add_column("kind")
+        for name in fields[2:]:
+            models.add_column(name, no_wrap=True)
+        for role, values in rows.items():
+            models.add_row(role, *values)
+    return models
 
 
 def register(app: typer.Typer) -> None:

@@ -61,3 +61,24 @@ TrustRemoteCodeOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
+# The prediction (spectool.predicted): check's "will it pay", tune --predict-only.
+ConcurrencyListOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--concurrency", help="Concurrencies to predict, comma-separated (default 1,8,64)."
+    ),
+]
+AcceptanceLengthOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--acceptance-length",
+        help="Mean tokens per step (bonus included) at the profile's max draft length, "
+        "for the prediction.",
+    ),
+]
+AcceptanceRateOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--acceptance-rate", help="Per-draft-token acceptance rate in [0, 1], for the prediction."
+    ),
+]

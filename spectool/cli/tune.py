@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from spectool.cli.options import (
+    AcceptanceLengthOpt,
+    AcceptanceRateOpt,
     DrafterArg,
     GpuOpt,
     JsonOpt,
@@ -123,6 +125,22 @@ MinGainOpt = Annotated[
     ),
 ]
 
+
+PredictOnlyOpt = Annotated[
+    bool,
+    typer.Option(
+        "--predict-only",
+        help="Measure nothing: decision.json and the build from the step-cost model (predicted, "
+        "not measured; torch: CPU probe, trtllm: engine defaults for --gpu).",
+    ),
+]
+AcceptanceFromOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--acceptance-from",
+        help="--predict-only: acceptance measured by an earlier tune run (its folder or tune.json).",
+    ),
+]
 
 PLAIN_EVERY_S = 10.0
 
@@ -289,6 +307,10 @@ def tune(
     min_gain: MinGainOpt = 0.0,
     budget: BudgetOpt = 30.0,
     trust_remote_code: TrustRemoteCodeOpt = False,
+    predict_only: PredictOnlyOpt = False,
+    acceptance_length: AcceptanceLengthOpt = None,
+    acceptance_rate: AcceptanceRateOpt = None,
+    acceptance_from: AcceptanceFromOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Measure baseline and speculation per concurrency; write the best draft length per
@@ -329,6 +351,16 @@ def tune(
         min_gain=min_gain,
         budget_s=budget,
     )
+    acceptance = (acceptance_length, acceptance_rate, acceptance_from)
+    if predict_only:
+        from spectool.cli.tune_predicted import predict_only
+
+        predict_only(request, *acceptance, as_json=as_json)
+        return
+    if any(a is not None for a in acceptance):
+        from spectool.errors import BadInputError
+
+        raise BadInputError("--acceptance-*", "acceptance inputs go with --predict-only")
     from spectool.cli.output import err_console
     from spectool.cli.tune_output import methods_json, render, render_methods, summary_json
     from spectool.tuning.compare import method_requests

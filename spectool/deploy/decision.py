@@ -48,9 +48,17 @@ class DecisionCell(BaseModel):
     ci_low: float
     ci_high: float
     verdict: Literal["pays", "does_not_pay", "inconclusive"]
+    # "predicted": from the step-cost model (tune --predict-only), no interval
+    source: Literal["measured", "predicted"] = "measured"
 
     def describe(self) -> str:
         """One phrase with the measured numbers, e.g. for the cost gate's explanation."""
+        if self.source == "predicted":
+            return (
+                f"k={self.k} at concurrency {self.concurrency}: {self.lhs_ms_per_token:.2f} "
+                f"ms/token vs {self.rhs_ms_per_token:.2f} without speculation (ratio "
+                f"{self.ratio:.3f}, predicted, not measured)"
+            )
         return (
             f"k={self.k} at concurrency {self.concurrency}: {self.lhs_ms_per_token:.2f} ms/token "
             f"vs {self.rhs_ms_per_token:.2f} without speculation (ratio {self.ratio:.3f}, CI "
@@ -69,11 +77,22 @@ class Decision(BaseModel):
     schedule: dict[int, int]
     break_even_concurrency: int | None = None
     cells: tuple[DecisionCell, ...] = ()
+    # tune --predict-only: the choices come from the step-cost model; ``prediction`` says from
+    # which acceptance input and calibration (spectool.tuning.predicted)
+    predicted: bool = False
+    prediction: dict[str, Any] | None = None
+
+    @property
+    def label(self) -> str:
+        """ "measured" or "predicted, not measured": every output that shows the decision says it."""
+        return "predicted, not measured" if self.predicted else "measured"
 
     @model_validator(mode="after")
     def _consistent(self) -> Decision:
         if not self.schedule:
             raise ValueError("schedule is empty: no concurrency was decided")
+        if self.predicted != any(c.source == "predicted" for c in self.cells) and self.cells:
+            raise ValueError("predicted must be true exactly when the cells are predicted")
         if any(c < 1 for c in self.schedule) or any(k < 0 for k in self.schedule.values()):
             raise ValueError("schedule needs concurrencies >= 1 and draft lengths >= 0")
         if capped_choices(self.schedule) != dict(sorted(self.schedule.items())):
@@ -139,6 +158,8 @@ class Decision(BaseModel):
             "schedule": {str(c): k for c, k in sorted(self.schedule.items())},
             "break_even_concurrency": self.break_even_concurrency,
             "cells": [c.model_dump() for c in self.cells],
+            "predicted": self.predicted,
+            "prediction": self.prediction,
         }
 
 

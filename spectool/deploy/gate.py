@@ -47,6 +47,16 @@ class GateDecision:
     speculate: bool
     reason: str
     warn: bool = False
+    predicted: bool = False  # the decision came from tune --predict-only
+
+
+def _labelled(decision: Decision | None, gate: GateDecision) -> GateDecision:
+    """A predicted decision's gate says so first: "predicted, not measured: ..."."""
+    if decision is None or not decision.predicted:
+        return gate
+    reason = gate.reason.replace("measured concurrency", "predicted concurrency")
+    reason = reason.replace("best measured:", "best predicted:")
+    return GateDecision(gate.speculate, f"{decision.label}: {reason}", gate.warn, True)
 
 
 def _cell_text(decision: Decision, concurrency: int) -> str:
@@ -82,12 +92,15 @@ def decide_speculation(
         )
     if mode == "off":
         return GateDecision(False, "speculation forced off (--speculation off)")
-    verdict = _auto(decision, expected_concurrency, runtime_gate)
+    verdict = _labelled(decision, _auto(decision, expected_concurrency, runtime_gate))
     if mode == "on":
         if verdict.speculate:
             return GateDecision(True, "speculation forced on (--speculation on)")
         return GateDecision(
-            True, f"speculation forced on (--speculation on) although {verdict.reason}", warn=True
+            True,
+            f"speculation forced on (--speculation on) although {verdict.reason}",
+            warn=True,
+            predicted=verdict.predicted,
         )
     return verdict
 

@@ -130,6 +130,8 @@ class DecisionRecord(_Record):
     schedule: dict[str, int]
     break_even_concurrency: int | None
     cells: tuple[dict[str, Any], ...]
+    predicted: bool = False  # tune --predict-only: "predicted, not measured"
+    prediction: dict[str, Any] | None = None
 
 
 class CommandsRecord(_Record):

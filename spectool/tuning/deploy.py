@@ -56,12 +56,21 @@ def write_deployment(
     extra: Mapping[str, object] | None = None,
 ) -> Deployment:
     """Write ``decision.json``, then the build folder for it in ``out`` (module docstring)."""
+    decision_path = write_decision(result, out, extra=extra)
+    written, notes = build_for_decision(resolved, decision_path, result.max_draft_len)
+    return Deployment(decision_path, written, notes)
+
+
+def build_for_decision(
+    resolved: ResolvedTune, decision_path: Path, decided_max_draft_len: int
+) -> tuple[tuple[Path, ...], tuple[str, ...]]:
+    """The build folder for ``decision_path`` in its own folder (measured or predicted)."""
     from spectool.deploy.build import check_build, plan_build, write_build
 
-    decision_path = write_decision(result, out, extra=extra)
+    out = decision_path.parent
     # the decision's own max_draft_len wins when it speculates (build checks they agree); DIR
     # holds tune's own files and build replaces only its own (force)
-    max_draft_len = None if result.max_draft_len > 0 else resolved.max_draft_len
+    max_draft_len = None if decided_max_draft_len > 0 else resolved.max_draft_len
     inputs = check_build(
         resolved.build_request(out, max_draft_len=max_draft_len, decision=decision_path)
     )
@@ -70,4 +79,4 @@ def write_deployment(
         raise IncompatibleError(f"the build for the decision was refused: {problems}")
     plan = plan_build(inputs)
     written = write_build(plan, force=True)
-    return Deployment(decision_path, tuple(written), (*plan.warnings, *plan.notes))
+    return tuple(written), (*plan.warnings, *plan.notes)
