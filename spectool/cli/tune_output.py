@@ -113,7 +113,11 @@ def render_methods(outcome: MethodsOutcome) -> None:
         cells = [comparison_cell(choice, m, c) for m in methods]
         table.add_row(str(c), *cells, choice.winners[c])
     console.print(table)
-    console.print("cells: chosen k and per-token ratio lhs/rhs (below 1 pays)", style="dim")
+    console.print(
+        "cells: chosen k and per-token ratio lhs/rhs (below 1 pays); pred: off, predicted "
+        "ratio (not confirmed: not predicted to beat a method measured before it)",
+        style="dim",
+    )
     console.print(f"deploy: {choice.why}", markup=False)
     result = outcome.chosen.result
     console.print(f"decision: {choice.chosen}, {schedule_in_words(result.choices)}")

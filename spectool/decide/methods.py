@@ -42,6 +42,7 @@ class MethodCell:
     ci_low: float
     ci_high: float
     verdict: str  # the chosen cell's verdict, "off" when k == 0
+    predicted: float | None = None  # off: the best predicted ratio there (None: no prediction)
 
     def log_se(self, z: float) -> float:
         """The standard error of ``log(ratio)`` read from the interval (0 when off)."""
@@ -56,6 +57,7 @@ class MethodCell:
             "ci_low": self.ci_low,
             "ci_high": self.ci_high,
             "verdict": self.verdict,
+            "predicted_ratio": self.predicted,
         }
 
 
@@ -111,7 +113,9 @@ def method_cells(result: TuneResult) -> dict[int, MethodCell]:
         k = result.choices.get(c, 0)
         v = by_key.get((c, k)) if k > 0 else None
         if v is None:
-            cells[c] = MethodCell(result.method, c, 0, 1.0, 1.0, 1.0, "off")
+            predicted = [p.ratio for p in result.predictions if p.concurrency == c and p.k > 0]
+            best = min(predicted) if predicted else None
+            cells[c] = MethodCell(result.method, c, 0, 1.0, 1.0, 1.0, "off", best)
         else:
             cells[c] = MethodCell(result.method, c, k, v.ratio, v.ci_low, v.ci_high, str(v.verdict))
     return cells

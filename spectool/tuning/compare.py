@@ -157,9 +157,14 @@ def write_comparison(
 
 
 def comparison_cell(choice: MethodChoice, method: str, c: int) -> str:
-    """``k=4 0.49`` or ``off``: one method at one concurrency, as tables show it."""
+    """``k=4 0.49`` (measured, chosen), ``pred 0.56`` (off: predicted to pay, but not to beat
+    a rival, so not confirmed) or ``off``: one method at one concurrency, as tables show it."""
     cell = choice.cells[method][c]
-    return "off" if cell.k == 0 else f"k={cell.k} {cell.ratio:.2f}"
+    if cell.k > 0:
+        return f"k={cell.k} {cell.ratio:.2f}"
+    return (
+        f"pred {cell.predicted:.2f}" if cell.predicted is not None and cell.predicted < 1 else "off"
+    )
 
 
 def comparison_markdown(outcomes: Sequence[TuneOutcome], choice: MethodChoice) -> str:
@@ -172,7 +177,9 @@ def comparison_markdown(outcomes: Sequence[TuneOutcome], choice: MethodChoice) -
         "",
         f"Target: `{first.resolved.report.target.ref}`. Each method was tuned against the same "
         "target without speculation on its own server (paired blocks); a cell is the chosen "
-        "draft length and its per-token ratio lhs/rhs (below 1 pays), with its 95% interval.",
+        "draft length and its per-token ratio lhs/rhs (below 1 pays), with its 95% interval; "
+        "`pred`: off, the method's own prediction (not confirmed: it did not promise to beat "
+        "a ratio measured for a method before it).",
         "",
         "| concurrency | " + " | ".join(methods) + " | fastest |",
         "|---:|" + "---|" * len(methods) + "---|",
@@ -182,7 +189,7 @@ def comparison_markdown(outcomes: Sequence[TuneOutcome], choice: MethodChoice) -
         for m in methods:
             cell = choice.cells[m][c]
             row.append(
-                "off"
+                comparison_cell(choice, m, c)
                 if cell.k == 0
                 else f"k={cell.k} {cell.ratio:.3f} ({cell.ci_low:.3f}-{cell.ci_high:.3f})"
             )

@@ -43,7 +43,7 @@ class PredictedOutcome:
     lines: tuple[str, ...]  # the prediction in sentences
 
 
-def _calibration(resolved: ResolvedTune, geom: Any) -> tuple[Any, Any, str]:
+def calibration(resolved: ResolvedTune, geom: Any) -> tuple[Any, Any, str]:
     """(hardware, engine factors, description) for the resolved engine."""
     from spectool.predict import ENGINE_DEFAULTS, Hardware
 
@@ -135,7 +135,7 @@ def predict_decision(
     geom = predicted.pair_geometry(
         report.target, report.drafter, resolved.method, recipe, report.profile
     )
-    hardware, factors, calibration = _calibration(resolved, geom)
+    hardware, factors, calibrated = calibration(resolved, geom)
     setup = setup_for(
         geom.target,
         resolved.method,
@@ -167,7 +167,7 @@ def predict_decision(
         "prediction": {
             "label": LABEL,
             "acceptance": acceptance.source,
-            "calibration": calibration,
+            "calibration": calibrated,
             "geometry": geom.source,
             "hardware": hardware.name,
             "context": predicted.DEFAULT_CONTEXT,

@@ -161,6 +161,11 @@ def run_tune(
     cells_started = 0
     hooks = _CountingHooks(progress, should_stop)
     driver = make_driver(resolved, out)
+    # a prior where a planned cell is dear: a server start per k, or a method compared with a
+    # rival (spectool.tuning.prior)
+    prior_step = None
+    if not driver.interleaves or rival:
+        prior_step = _prior(resolved, prompts, out, progress)
     measure_started = time.perf_counter()
     with driver:
 
@@ -224,7 +229,8 @@ def run_tune(
             looks=LOOKS,
             measure_after=None if driver.interleaves else measure_after,
             rival=rival,
-            prior_step=None if driver.interleaves else _prior(resolved, prompts, progress),
+            prior_step=prior_step,
+            acceptance_concurrencies=1 if rival and prior_step is not None else 2,
         )
         server_starts = driver.starts
     measure_s = time.perf_counter() - measure_started
@@ -253,15 +259,15 @@ def run_tune(
 
 
 def _prior(
-    resolved: ResolvedTune, prompts: TunePrompts, progress: TuneProgress | None
+    resolved: ResolvedTune, prompts: TunePrompts, out: Path, progress: TuneProgress | None
 ) -> PriorStep | None:
     """The roofline prior for a server that restarts per draft length (one message either way)."""
-    from spectool.tuning.prior import trtllm_prior
+    from spectool.tuning.prior import roofline_prior
 
     # context per sequence while decoding: the longest prompt kept (the mean is not counted) plus
     # half the output; the prior's k=1/k=K ratio barely moves with it
     prompt = prompts.max_prompt_tokens or resolved.max_seq_len // 2
-    prior, why = trtllm_prior(resolved, context=prompt + resolved.max_tokens // 2)
+    prior, why = roofline_prior(resolved, context=prompt + resolved.max_tokens // 2, out=out)
     if progress is not None:
         progress.on_message(why)
     return prior

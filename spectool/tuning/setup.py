@@ -33,6 +33,7 @@ TUNE_NAME = "tune.json"
 DECISION_NAME = "decision.json"
 REPORT_NAME = "report.md"
 SERVER_LOG_NAME = "server.log"
+PRIOR_NAME = "prior.json"
 PLOT_NAMES = ("speedup_heatmap.png", "latency_vs_concurrency.png", "acceptance_per_position.png")
 # Files tune writes into its folder; --force removes exactly these (build files are rewritten).
 TUNE_FILES = (
@@ -42,6 +43,7 @@ TUNE_FILES = (
     DECISION_NAME,
     REPORT_NAME,
     SERVER_LOG_NAME,
+    PRIOR_NAME,
     *PLOT_NAMES,
 )
 

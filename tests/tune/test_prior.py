@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spectool.tuning.prior import trtllm_prior
+from spectool.tuning.prior import roofline_prior
 from spectool.tuning.request import TuneRequest, resolve
 
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
@@ -26,8 +26,8 @@ def _resolved(make_ckpt, tmp_path, gpu):  # noqa: ANN001, ANN202
 
 
 def test_prior_step_grows_with_k_and_batch(make_ckpt, tmp_path) -> None:
-    prior, why = trtllm_prior(_resolved(make_ckpt, tmp_path, "h100-sxm"), context=1024)
-    assert prior is not None and "H100" in why
+    prior, why = roofline_prior(_resolved(make_ckpt, tmp_path, "h100-sxm"), context=1024)
+    assert prior is not None and "trtllm" in why
     # a 1B drafter's k sequential steps: each draft token costs a real share of a target step
     assert prior(1, 0) < prior(1, 1) < prior(1, 4)
     assert 1.1 < prior(1, 4) / prior(1, 1) < 4.0
@@ -35,5 +35,5 @@ def test_prior_step_grows_with_k_and_batch(make_ckpt, tmp_path) -> None:
 
 
 def test_no_gpu_no_prior(make_ckpt, tmp_path) -> None:
-    prior, why = trtllm_prior(_resolved(make_ckpt, tmp_path, None), context=1024)
+    prior, why = roofline_prior(_resolved(make_ckpt, tmp_path, None), context=1024)
     assert prior is None and "--gpu" in why
