@@ -144,8 +144,10 @@ class EngineFactors:
 #   host's per-request work of step i hidden behind the GPU's step i+1) for plain decode but
 #   turns it off for EAGLE/EAGLE-3 ("Overlap scheduler is disabled because of using eagle3 or
 #   standalone speculative decoding" unless SGLANG_ENABLE_SPEC_V2; sgl-project/sglang
-#   python/sglang/srt/server_args.py, v0.5.6; v0.4.x disabled it for eagle outright), so a
-#   speculative step pays the per-request host work in series: 0.1 ms per sequence here.
+#   python/sglang/srt/server_args.py, v0.5.6; older releases turned it off for EAGLE
+#   unconditionally: "The radix cache, chunked prefill, and overlap scheduler are disabled
+#   because of using eagle speculative decoding"), so a speculative step pays the
+#   per-request host work in series: 0.1 ms per sequence here.
 #   Without it the model's speed-up rose with batch where SGLang's falls (EAGLE-3 paper
 #   Table 3, SGLang at batch 2-64, rows not used in the fit).
 ENGINE_DEFAULTS: dict[str, EngineFactors] = {
