@@ -5,7 +5,10 @@ length published): predicted speed-up from the row's own acceptance length with 
 defaults; the median absolute error and rows on the wrong side of 1 (published outside
 0.9-1.1). Then the same with a leave-one-source-out refit (each source predicted with engine
 overheads fitted on the other sources only; the unfitted prior where its engine has no other
-source), and a check that refitting on the whole table gives the shipped defaults.
+source), and a check that refitting on the whole table gives the shipped defaults. Last, an
+out-of-sample trend: rows that publish a speed-up per batch size but no acceptance length of
+their own (the EAGLE-3 paper's SGLang series), predicted from the reference acceptance length in
+their notes with the shipped factors and without the per-sequence speculative cost.
 
     python benchmarks/predict_published.py [--folder tests/data/published]
 """
@@ -33,6 +36,7 @@ def main() -> int:
         leave_one_source_out,
         load_models,
         load_rows,
+        predict_with_reference,
         skip_reason,
     )
 
@@ -76,6 +80,21 @@ def main() -> int:
             f"refit {engine}: "
             + ", ".join(f"{n}={getattr(f, n):.3g}" for n in FITTED)
             + (" (= shipped defaults)" if same else " (differs from the shipped defaults)")
+        )
+    print()
+    print("out of sample, batch trend (reference acceptance length from another run, notes):")
+    print(f"{'row':24} {'engine':7} {'c':>3} {'refAL':>5} {'pub':>5} {'pred':>5} {'no-seq':>6}")
+    for r in rows:
+        if r.ref_acceptance_length is None or not r.source_id.startswith("eagle3-paper"):
+            continue
+        if r.concurrency is None or r.draft_len is None:
+            continue
+        f = engine_factors(r.engine)
+        p = predict_with_reference(r, models)
+        p0 = predict_with_reference(r, models, {r.engine: f.but(spec_seq_overhead_s=0.0)})
+        print(
+            f"{r.row_id:24} {r.engine:7} {r.concurrency:>3} {r.ref_acceptance_length:5.2f} "
+            f"{r.speedup:5.2f} {p:5.2f} {p0:6.2f}"
         )
     return 0 if ok else 1
 

@@ -2,7 +2,9 @@
 
 Every usable row of ``tests/data/published``: filled markers = the engine defaults, hollow =
 the leave-one-source-out refit; the diagonal is a perfect prediction, the band +-15 %, the grey
-cross the break-even lines (speed-up 1). Needs the ``plots`` extra (matplotlib).
+cross the break-even lines (speed-up 1). Grey x: the EAGLE-3 paper's SGLang batch series (no
+acceptance length of its own, predicted from the reference one in its notes; not in the figures
+or the fit). Needs the ``plots`` extra (matplotlib).
 
     python scripts/plot_predicted_vs_published.py [--folder tests/data/published] [--out PNG]
 """
@@ -35,11 +37,13 @@ def main() -> int:
         leave_one_source_out,
         load_models,
         load_rows,
+        predict_with_reference,
     )
 
     rows, models = load_rows(args.folder), load_models(args.folder)
     shipped = evaluate(rows, models)
-    loso = {r.row_id: p for r, p in leave_one_source_out(rows, models).rows}
+    loso_ev = leave_one_source_out(rows, models)
+    loso = {r.row_id: p for r, p in loso_ev.rows}
     fig, ax = plt.subplots(figsize=(6.4, 6.0), dpi=120)
     top = max(max(r.speedup, p, loso[r.row_id]) for r, p in shipped.rows) * 1.08
     ax.fill_between([0, top], [0, top * 0.85], [0, top * 1.15], color="0.92", label="+-15 %")
@@ -68,12 +72,29 @@ def main() -> int:
             zorder=2,
         )
     ax.scatter([], [], facecolors="none", edgecolors="0.3", label="leave-one-source-out")
+    trend = [
+        (r.speedup, predict_with_reference(r, models))
+        for r in rows
+        if r.source_id == "eagle3-paper" and r.engine == "sglang" and r.ref_acceptance_length
+    ]
+    ax.scatter(
+        [x for x, _ in trend],
+        [y for _, y in trend],
+        color="0.45",
+        marker="x",
+        s=18,
+        label=f"SGLang batch 2-64, reference AL ({len(trend)}, not fitted)",
+        zorder=1,
+    )
+    for r, p in shipped.wrong_side():
+        ax.annotate(r.row_id, (r.speedup, p), fontsize=6, xytext=(4, 4), textcoords="offset points")
     ax.set_xlim(0.5, top)
     ax.set_ylim(0.5, top)
     ax.set_xlabel("published speed-up (spec / baseline)")
     ax.set_ylabel("predicted speed-up")
     ax.set_title(
-        f"spectool predict vs published: median |error| {shipped.median_abs_error:.1%}",
+        f"spectool predict vs published: median |error| {shipped.median_abs_error:.1%}"
+        f" (leave-one-source-out {loso_ev.median_abs_error:.1%})",
         fontsize=10,
     )
     ax.legend(loc="upper left", fontsize=8)

@@ -139,6 +139,17 @@ class EngineFactors:
 #   leave-one-source-out refit predicts each source within the README's figures. SGLang's
 #   5 ms per speculative step comes from its only usable rows (Qwen3-30B-A3B EAGLE-3 on 2-4
 #   H100, SpecForge #339, AngelSlim #163); treat it as that setting's figure.
+# * spec_seq_overhead_s (per sequence per speculative step): fitted only where an engine's rows
+#   span >= 3 concurrencies (SGLang: 1, 4, 8, 32, 64). SGLang runs its overlap scheduler (the
+#   host's per-request work of step i hidden behind the GPU's step i+1) for plain decode but
+#   turns it off for EAGLE/EAGLE-3 ("Overlap scheduler is disabled because of using eagle3 or
+#   standalone speculative decoding" unless SGLANG_ENABLE_SPEC_V2; sgl-project/sglang
+#   python/sglang/srt/server_args.py, v0.5.6; older releases turned it off for EAGLE
+#   unconditionally: "The radix cache, chunked prefill, and overlap scheduler are disabled
+#   because of using eagle speculative decoding"), so a speculative step pays the
+#   per-request host work in series: 0.1 ms per sequence here.
+#   Without it the model's speed-up rose with batch where SGLang's falls (EAGLE-3 paper
+#   Table 3, SGLang at batch 2-64, rows not used in the fit).
 ENGINE_DEFAULTS: dict[str, EngineFactors] = {
     "trtllm": EngineFactors(
         bw_fraction=0.75,
@@ -165,8 +176,9 @@ ENGINE_DEFAULTS: dict[str, EngineFactors] = {
         forward_overhead_s=20e-6,
         layer_overhead_s=50e-6,
         spec_overhead_s=5e-3,
+        spec_seq_overhead_s=0.1e-3,
         source="engine default (sglang): 75% HBM, 60% peak, 0.4 ms/step, 50 us/layer, "
-        "5 ms/spec step",
+        "5 ms/spec step + 0.1 ms/sequence",
     ),
     # The embedded engine on CPU: no defaults worth the name (CPUs differ by 10x); these are
     # what the probe measured on a shared 2-core x86 box and only a fallback. Use probe.py.

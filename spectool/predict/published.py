@@ -16,7 +16,7 @@ import math
 import re
 import statistics
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +71,9 @@ class PublishedRow:
     output_len: int | None
     verify_tokens: int | None  # tree drafting: tokens verified per sequence (SGLang's n)
     topk: int  # tree drafting: branches expanded per draft step
+    # notes' ``ref_acceptance_length=``: measured in ANOTHER run (same drafter and k), only for
+    # trend checks of rows that publish no acceptance length of their own
+    ref_acceptance_length: float | None = None
 
 
 def _int(value: str) -> int | None:
@@ -95,6 +98,7 @@ def load_rows(folder: Path) -> list[PublishedRow]:
             notes = r.get("notes", "")
             n = re.search(r"num_draft_tokens=(\d+)", notes)
             topk = re.search(r"topk=(\d+)", notes)
+            ref = re.search(r"ref_acceptance_length=([0-9.]+\d)", notes)
             rows.append(
                 PublishedRow(
                     row_id=r["row_id"],
@@ -115,6 +119,7 @@ def load_rows(folder: Path) -> list[PublishedRow]:
                     output_len=_int(r["output_len"]),
                     verify_tokens=int(n.group(1)) if n else None,
                     topk=int(topk.group(1)) if topk else 1,
+                    ref_acceptance_length=float(ref.group(1)) if ref else None,
                 )
             )
         except (KeyError, ValueError) as exc:
@@ -277,10 +282,32 @@ def predict_row(
     return base * length / spec
 
 
+def predict_with_reference(
+    row: PublishedRow,
+    models: Mapping[str, Mapping[str, Any]],
+    factors: Mapping[str, EngineFactors] | None = None,
+) -> float:
+    """:func:`predict_row` of a row that publishes no acceptance length, from the reference
+    one in its notes (another run): for trends over batch only, never in the accuracy figures
+    or the fit."""
+    if row.ref_acceptance_length is None:
+        raise BadInputError(row.row_id, "cannot predict: no reference acceptance length")
+    return predict_row(replace(row, acceptance_length=row.ref_acceptance_length), models, factors)
+
+
 # The factors fitted per engine to the table (ENGINE_DEFAULTS' overheads come from this), and
 # what they were before any fitting (a GPU engine with CUDA graphs: 0.5 ms per iteration, 0.3 ms
-# per speculative step, 2 us per layer), used where a held-out source leaves its engine no rows.
-FITTED = ("step_overhead_s", "spec_overhead_s", "layer_overhead_s")
+# per speculative step, 2 us per layer, nothing per sequence), used where a held-out source
+# leaves its engine no rows.
+FITTED = ("step_overhead_s", "spec_overhead_s", "layer_overhead_s", "spec_seq_overhead_s")
+# The per-sequence speculative cost is a slope in concurrency: fitted only for an engine whose
+# rows span at least this many concurrencies (with rows at batch 1 only it is the same number
+# as spec_overhead_s; with two concurrencies a slope cannot be told from one row's noise).
+SEQ_TERM = "spec_seq_overhead_s"
+SEQ_MIN_CONCURRENCIES = 3
+SEQ_GRID: dict[str, tuple[float, ...]] = {
+    SEQ_TERM: (0.0, 20e-6, 50e-6, 100e-6, 150e-6, 200e-6, 300e-6, 500e-6),
+}
 PRIOR = EngineFactors(
     bw_fraction=0.75,
     flops_fraction=0.6,
@@ -336,19 +363,23 @@ def fit_engine_defaults(
     names: tuple[str, ...] = FITTED,
 ) -> dict[str, EngineFactors]:
     """Per engine, the grid point of ``names`` minimising the median |log(pred / published)|
-    over that engine's usable rows (engine-level: one set per engine, never per row)."""
+    over that engine's usable rows (engine-level: one set per engine, never per row).
+    :data:`SEQ_TERM` is fitted only where the engine's rows span
+    :data:`SEQ_MIN_CONCURRENCIES` concurrencies, else kept at the prior's 0."""
     from spectool.predict.calibrate import fit_factors
 
     fitted: dict[str, EngineFactors] = {}
     for engine in sorted({r.engine for r in usable(rows)}):
         sub = [r for r in usable(rows) if r.engine == engine]
+        spread = len({r.concurrency for r in sub})
+        fit_names = tuple(n for n in names if n != SEQ_TERM or spread >= SEQ_MIN_CONCURRENCIES)
 
         def loss(f: EngineFactors, sub: list[PublishedRow] = sub, engine: str = engine) -> float:
             return statistics.median(
                 abs(math.log(predict_row(r, models, {engine: f}) / r.speedup)) for r in sub
             )
 
-        fitted[engine] = fit_factors(PRIOR, names, loss, len(sub)).factors
+        fitted[engine] = fit_factors(PRIOR, fit_names, loss, len(sub), SEQ_GRID).factors
     return fitted
 
 
@@ -361,7 +392,8 @@ def leave_one_source_out(
     predicted: list[tuple[PublishedRow, float]] = []
     for source in sorted({r.source_id for r in usable(rows)}):
         held = [r for r in usable(rows) if r.source_id == source]
-        rest = [r for r in rows if r.source_id != source]
+        engines = {r.engine for r in held}  # other engines' fits do not touch these rows
+        rest = [r for r in rows if r.source_id != source and r.engine in engines]
         fitted = fit_engine_defaults(rest, models)
         factors = {r.engine: fitted.get(r.engine, PRIOR) for r in held}
         predicted += [(r, predict_row(r, models, factors)) for r in held]
