@@ -364,10 +364,9 @@ def _prior_observations(
     max_draft_len: int,
     notes: list[str],
 ) -> list[StepCostObservation]:
-    """The planned step costs the plan left to the prior (see :func:`tune`): ``k = 1`` from the
-    smallest-batch ``k = K`` observation, and, when ``K`` was measured at one batch only,
-    ``k = K`` at the largest baseline batch from that baseline; each scaled by the prior's ratio
-    of the two, with a note."""
+    """The ``k = 1`` step cost the plan left to the prior (see :func:`tune`): the smallest-batch
+    ``k = K`` observation scaled by the prior's ``k=1 / k=K`` ratio, with a note; none without
+    such an observation."""
     added: list[StepCostObservation] = []
     anchors = [o for o in observations if o.k == max_draft_len]
     if not anchors:
@@ -380,15 +379,5 @@ def _prior_observations(
             f"k=1 not measured at planning (the prior stands in for it): its step cost at batch "
             f"{anchor.batch:.1f} is the measured k={max_draft_len} step ({anchor.step_ms:.2f} ms) "
             f"times the roofline prior's k=1/k={max_draft_len} ratio ({scale:.3f})"
-        )
-    bases = [o for o in observations if o.k == 0]
-    top = max(bases, key=lambda o: o.batch, default=None)
-    if len(anchors) == 1 and top is not None and top.batch > 1.5 * anchor.batch:
-        scale = prior_step(top.batch, max_draft_len) / prior_step(top.batch, 0)
-        added.append(StepCostObservation(top.batch, max_draft_len, top.step_ms * scale))
-        notes.append(
-            f"k={max_draft_len} at batch {top.batch:.1f} not measured at planning (the prior "
-            f"stands in for it): the measured baseline step ({top.step_ms:.2f} ms) times the "
-            f"roofline prior's k={max_draft_len}/k=0 ratio ({scale:.3f})"
         )
     return added

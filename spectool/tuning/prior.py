@@ -6,9 +6,9 @@ the checked pair, so the search measures fewer planned cells (:func:`spectool.de
   defaults for the GPU ``check`` resolved, stands in for the planned ``k = 1`` cost cell.
 * The embedded engine, when tune compares methods (:mod:`spectool.tuning.compare`): a later
   method only has to show whether it can beat the ratios an earlier one measured; the prior,
-  calibrated by the CPU probe (:mod:`spectool.predict.probe`), stands in for its ``k = 1`` cell
-  and its ``k = K`` cell at the largest concurrency, so it measures baselines and one
-  speculative cell before its predictions are compared.
+  calibrated by the CPU probe (:mod:`spectool.predict.probe`), stands in for its ``k = 1`` cell,
+  so it measures baselines and ``k = K`` at the smallest and largest concurrency (acceptance,
+  and the step cost where speculation is dearest) before its predictions are compared.
 
 The calibration is :func:`spectool.tuning.predicted.calibration` (the same as ``tune
 --predict-only``). A probe's figures move with the machine, so they are saved in

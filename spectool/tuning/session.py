@@ -230,7 +230,6 @@ def run_tune(
             measure_after=None if driver.interleaves else measure_after,
             rival=rival,
             prior_step=prior_step,
-            acceptance_concurrencies=1 if rival and prior_step is not None else 2,
         )
         server_starts = driver.starts
     measure_s = time.perf_counter() - measure_started

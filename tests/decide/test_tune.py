@@ -369,14 +369,3 @@ def test_a_wrong_prior_changes_what_is_measured_never_the_evidence() -> None:
     result = tune(CONCURRENCIES, K, Recorder(world), n_boot=300, prior_step=lambda b, k: 1.0)
     chosen = {(c, k) for c, k in result.choices.items() if k > 0}
     assert chosen <= {(v.concurrency, v.k) for v in result.cells}
-
-
-def test_with_one_acceptance_cell_the_prior_stands_in_for_the_largest_batch() -> None:
-    world = World(alphas=(0.9, 0.85, 0.8, 0.7, 0.6, 0.5))
-    calls = Recorder(world)
-    result = tune(
-        CONCURRENCIES, K, calls, n_boot=300, prior_step=world.step_ms, acceptance_concurrencies=1
-    )
-    assert (64, K) not in calls.calls[: len(CONCURRENCIES) + 1]
-    assert sum("the prior stands in" in note for note in result.notes) == 2
-    assert_near_best(world, result.choices)
