@@ -409,7 +409,9 @@ def _run(
     resolved = resolve_all(requests)
     return run_methods(
         resolved,
-        lambda r, rival: run_tune(r, progress=progress, should_stop=stop, rival=rival),
+        lambda r, rival, baselines: run_tune(
+            r, progress=progress, should_stop=stop, rival=rival, baselines=baselines
+        ),
         on_message=None if progress is None else progress.on_message,
     )
 

@@ -43,6 +43,7 @@ class MethodCell:
     ci_high: float
     verdict: str  # the chosen cell's verdict, "off" when k == 0
     predicted: float | None = None  # off: the best predicted ratio there (None: no prediction)
+    measured: bool = True  # off: whether any speculative cell was measured there
 
     def log_se(self, z: float) -> float:
         """The standard error of ``log(ratio)`` read from the interval (0 when off)."""
@@ -58,6 +59,7 @@ class MethodCell:
             "ci_high": self.ci_high,
             "verdict": self.verdict,
             "predicted_ratio": self.predicted,
+            "measured": self.measured,
         }
 
 
@@ -115,7 +117,8 @@ def method_cells(result: TuneResult) -> dict[int, MethodCell]:
         if v is None:
             predicted = [p.ratio for p in result.predictions if p.concurrency == c and p.k > 0]
             best = min(predicted) if predicted else None
-            cells[c] = MethodCell(result.method, c, 0, 1.0, 1.0, 1.0, "off", best)
+            measured = any(v.concurrency == c for v in result.cells)
+            cells[c] = MethodCell(result.method, c, 0, 1.0, 1.0, 1.0, "off", best, measured)
         else:
             cells[c] = MethodCell(result.method, c, k, v.ratio, v.ci_low, v.ci_high, str(v.verdict))
     return cells

@@ -3,11 +3,13 @@ then one method to deploy (:mod:`spectool.decide.methods`).
 
 A profile may list ``alternatives`` to its pair (the demo profile: the draft model, an EAGLE-3
 head and n-gram lookup). With such a profile and no method, drafter or target given, tune runs
-one search per method, each in its own folder ``DIR/<method>/`` with its own server, baseline,
+one search per method, each in its own folder ``DIR/<method>/`` with its own server,
 ``trials.jsonl``, decision and report (``--resume`` continues each). Methods are measured in the
 profile's order; every later search gets the ratios the earlier ones chose as its *rival*
 (:func:`spectool.decide.tune.tune`): cells its planned cells predict to lose are not confirmed,
-so a method that cannot win costs its planned cells only.
+so a method that cannot win costs its planned cells only; the roofline prior stands in for its
+``k = 1`` cost cell (:mod:`spectool.tuning.prior`), and it reuses the first method's baseline
+cells (same target, engine and settings; its paired cells carry their own baseline blocks).
 
 ``DIR`` itself then holds the deployment: ``decision.json`` of the chosen method (its schedule)
 with a ``methods`` object (every method per concurrency, the winner per concurrency, the chosen
@@ -21,11 +23,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from spectool.decide.cell import CellMeasurement
 from spectool.decide.methods import MethodChoice, choose_method, rival_ratios
 from spectool.errors import BadInputError, OutputExistsError
 from spectool.io import atomic_write_text
 from spectool.methods import serving_cost_rank
-from spectool.tuning.outcome import TuneOutcome
+from spectool.tuning.outcome import CellKey, TuneOutcome
 from spectool.tuning.request import ResolvedTune, TuneRequest, resolve
 from spectool.tuning.setup import REPORT_NAME, has_results
 
@@ -98,11 +101,15 @@ def resolve_all(requests: Sequence[TuneRequest]) -> list[ResolvedTune]:
 
 def run_methods(
     resolved: Sequence[ResolvedTune],
-    run: Callable[[ResolvedTune, Mapping[int, float]], TuneOutcome],
+    run: Callable[
+        [ResolvedTune, Mapping[int, float], Mapping[CellKey, CellMeasurement]], TuneOutcome
+    ],
     *,
     on_message: Callable[[str], None] | None = None,
 ) -> MethodsOutcome:
-    """Run ``run(resolved, rival)`` per method in order, then choose and write DIR's files."""
+    """Run ``run(resolved, rival, baselines)`` per method in order (``baselines``: the first
+    method's ``k = 0`` cells, the same target on the same engine and settings), then choose and
+    write DIR's files."""
     import time
 
     started = time.perf_counter()
@@ -113,7 +120,12 @@ def run_methods(
         if on_message is not None:
             on_message(f"method {number}/{len(resolved)}: {r.method}")
         rival = rival_ratios([o.result for o in outcomes])
-        outcomes.append(run(r, rival))
+        baselines = (
+            {key: cell for key, cell in outcomes[0].cells.items() if key[1] == 0}
+            if outcomes
+            else {}
+        )
+        outcomes.append(run(r, rival, baselines))
     # ties go to the method that costs least to serve (spectool.methods)
     by_cost = sorted(outcomes, key=lambda o: serving_cost_rank(o.resolved.method))
     choice = choose_method([o.result for o in by_cost], confidence=resolved[0].request.confidence)

@@ -113,11 +113,15 @@ def run_tune(
     progress: TuneProgress | None = None,
     should_stop: Callable[[], bool] | None = None,
     rival: Mapping[int, float] | None = None,
+    baselines: Mapping[CellKey, CellMeasurement] | None = None,
 ) -> TuneOutcome:
     """Measure, decide and write every output; see the module docstring.
 
     ``rival``: per concurrency, the ratio another method chose there, when tune compares
     methods (:mod:`spectool.tuning.compare`); cells predicted to lose to it are not confirmed.
+    ``baselines``: the ``k = 0`` cells an earlier method measured for the same target, engine
+    and settings, used as finished cells (this run's paired cells still carry their own
+    baseline blocks).
 
     ``should_stop`` is polled between requests, trials and cells; when it returns True the run
     stops with KeyboardInterrupt (servers stopped, finished trials kept for ``--resume``).
@@ -142,6 +146,8 @@ def run_tune(
         progress.on_message(f"resuming: {failed} saved trials had failed requests; measuring again")
     saved = load_trials(trials_path) if failed else saved
     finished = finished_cells(saved, plan, grid)
+    shared = {key: cell for key, cell in (baselines or {}).items() if key[1] == 0 and key in grid}
+    finished = {**shared, **finished}
     options = paired_options(resolved)
     pairs_done = finished_pairs(saved, plan, grid, options)
     if (finished or pairs_done) and progress is not None:

@@ -99,3 +99,14 @@ def test_bad_comparisons_are_refused() -> None:
         choose_method([])
     with pytest.raises(BadInputError):
         choose_method([a, a])
+
+
+def test_off_cells_say_whether_they_were_measured_or_only_predicted() -> None:
+    strong, _ = _run(STRONG, "eagle3")
+    weak, _ = _run(WEAK, "draft_model", rival=rival_ratios([strong]))
+    cells = method_cells(weak)
+    measured_concs = {v.concurrency for v in weak.cells}
+    for c, cell in cells.items():
+        if cell.k == 0:
+            assert cell.measured == (c in measured_concs)
+    assert any(cell.k == 0 and not cell.measured for cell in cells.values())
