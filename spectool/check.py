@@ -328,7 +328,10 @@ def will_it_pay(
         tp=req.tp,
         context=predicted.DEFAULT_CONTEXT,
     )
-    pred = predict(setup, acceptance, concurrency, predicted.ks_for(max_draft_len))
+    # with an acceptance figure, the best k among those the deployment may use (beyond the
+    # figure's own draft length a single rate only extrapolates); without, break-even up to 8
+    ks = predicted.ks_for(max_draft_len) if acceptance is None else range(1, max_draft_len + 1)
+    pred = predict(setup, acceptance, concurrency, tuple(ks))
     out = predicted.pays_json(pred, geom.source, "trtllm")
     out["lines"] = describe(pred)
     return out

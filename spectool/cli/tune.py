@@ -316,7 +316,8 @@ def tune(
     """Measure baseline and speculation per concurrency; write the best draft length per
     concurrency (draft_len_schedule), decision.json, tune.json, report.md and plots to --out.
 
-    No arguments: the embedded demo pair on the embedded engine (~2 minutes on 2 CPU cores).
+    No arguments: the demo profile's three methods on the embedded engine, compared (about 4
+    minutes on 2 CPU cores).
     """
     from spectool.tuning.request import TuneRequest, parse_concurrencies
 

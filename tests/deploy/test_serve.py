@@ -311,11 +311,12 @@ def test_engine_config_file_sets_the_engine_and_refuses_flags(
 def test_auto_method_follows_the_drafters_weights(
     tiny_pair: tuple[Path, Path], make_ckpt, capsys
 ) -> None:
-    """``--method auto`` asks spectool.methods which method the drafter's weights call for; an
-    EAGLE-3 head is refused in one line while the embedded engine does not run eagle3."""
+    """``--method auto`` asks spectool.methods which method the drafter's weights call for: an
+    EAGLE-3 head is served as eagle3, an EAGLE-1 head (TensorRT-LLM only) refused in one line."""
     target, drafter = tiny_pair
     assert torch_serve_request(str(target), str(drafter)).method == "draft_model"
-    head = make_ckpt(EAGLE3)
+    assert torch_serve_request(str(target), str(make_ckpt(EAGLE3))).method == "eagle3"
+    head = make_ckpt("yuhuili/EAGLE-LLaMA3-Instruct-8B")
     assert main(["serve", str(target), str(head), "--engine", "torch"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "(eagle3); the torch engine drafts with draft_model" in err
+    assert err.count("\n") == 1 and "(eagle); the torch engine drafts with" in err
