@@ -23,10 +23,10 @@ import importlib.resources
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from spectool import methods
 from spectool.errors import ProfileError
@@ -111,6 +111,24 @@ def _known_method(value: str) -> str:
     return value
 
 
+def _model_ref(value: str) -> str:
+    if not _MODEL_REF.match(value):
+        raise ValueError(f"{value!r} is not a repo id 'owner/name' or 'spectool:<name>'")
+    return value
+
+
+def _source_ref(value: str) -> str:
+    if not _SOURCE_REF.match(value):
+        raise ValueError(f"{value!r} is not a URL or an 'owner/repo:path' reference")
+    return value
+
+
+# Field types of the recipe files, each checked where it is declared.
+MethodName = Annotated[str, AfterValidator(_known_method)]
+ModelRef = Annotated[str, AfterValidator(_model_ref)]
+SourceRef = Annotated[str, AfterValidator(_source_ref)]
+
+
 def _check_drafter_for_method(method: str, drafter: str | None) -> None:
     if method in METHODS_WITHOUT_DRAFTER and drafter is not None:
         raise ValueError(f"method {method} takes no drafter (drafter: null)")
@@ -125,21 +143,9 @@ class Alternative(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    method: str
-    drafter: str | None = None
+    method: MethodName
+    drafter: ModelRef | None = None
     max_draft_len: int | None = Field(default=None, ge=1, le=64)
-
-    @field_validator("method")
-    @classmethod
-    def _method(cls, value: str) -> str:
-        return _known_method(value)
-
-    @field_validator("drafter")
-    @classmethod
-    def _model_ref(cls, value: str | None) -> str | None:
-        if value is not None and not _MODEL_REF.match(value):
-            raise ValueError(f"{value!r} is not a repo id 'owner/name' or 'spectool:<name>'")
-        return value
 
     @model_validator(mode="after")
     def _drafter_matches_method(self) -> Alternative:
@@ -173,15 +179,8 @@ class PublishedAcceptance(BaseModel):
     rate: float | None = Field(default=None, ge=0.0, le=1.0)
     per_position: tuple[float, ...] | None = None
     draft_len: int | None = Field(default=None, ge=1, le=64)
-    source: str
+    source: SourceRef
     notes: str = Field(min_length=1)
-
-    @field_validator("source")
-    @classmethod
-    def _source_ref(cls, value: str) -> str:
-        if not _SOURCE_REF.match(value):
-            raise ValueError(f"{value!r} is not a URL or an 'owner/repo:path' reference")
-        return value
 
     @model_validator(mode="after")
     def _one_figure(self) -> PublishedAcceptance:
@@ -227,34 +226,15 @@ class Recipe(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(min_length=1)
-    target: str
-    drafter: str | None
-    method: str
+    target: ModelRef
+    drafter: ModelRef | None
+    method: MethodName
     max_draft_len: int = Field(ge=1, le=64)
     notes: str = Field(min_length=1)
-    source: str
+    source: SourceRef
     alternatives: tuple[Alternative, ...] = ()
     geometry: ProfileGeometry | None = None
     acceptance: PublishedAcceptance | None = None
-
-    @field_validator("target", "drafter")
-    @classmethod
-    def _model_ref(cls, value: str | None) -> str | None:
-        if value is not None and not _MODEL_REF.match(value):
-            raise ValueError(f"{value!r} is not a repo id 'owner/name' or 'spectool:<name>'")
-        return value
-
-    @field_validator("method")
-    @classmethod
-    def _method(cls, value: str) -> str:
-        return _known_method(value)
-
-    @field_validator("source")
-    @classmethod
-    def _source_ref(cls, value: str) -> str:
-        if not _SOURCE_REF.match(value):
-            raise ValueError(f"{value!r} is not a URL or an 'owner/repo:path' reference")
-        return value
 
     @model_validator(mode="after")
     def _drafter_matches_method(self) -> Recipe:

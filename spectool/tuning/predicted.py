@@ -18,6 +18,7 @@ schedule needs acceptance (``check --gpu`` gives the break-even acceptance inste
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,6 +73,36 @@ def calibration(resolved: ResolvedTune, geom: Any) -> tuple[Any, Any, str]:
     return Hardware.from_gpu(gpu), factors, factors.source
 
 
+def resolved_setup(
+    resolved: ResolvedTune,
+    recipe: Any,
+    *,
+    context: int,
+    calibrate: Callable[[ResolvedTune, Any], tuple[Any, Any, str]] | None = None,
+) -> tuple[Any, Any, Any, str]:
+    """``(setup, geometry, hardware, calibration)`` of the step-cost model for ``resolved``:
+    geometry from headers or the recipe, calibrated by ``calibrate`` (default
+    :func:`calibration`)."""
+    from spectool import predicted
+    from spectool.predict import setup_for
+
+    report = resolved.report
+    geom = predicted.pair_geometry(
+        report.target, report.drafter, resolved.method, recipe, report.profile
+    )
+    hardware, factors, calibrated = (calibrate or calibration)(resolved, geom)
+    setup = setup_for(
+        geom.target,
+        resolved.method,
+        hardware,
+        drafter=geom.drafter,
+        engine=factors,
+        tp=resolved.request.tp,
+        context=context,
+    )
+    return setup, geom, hardware, calibrated
+
+
 def predicted_cells(pred: Prediction) -> list[dict[str, Any]]:
     """decision.json cells from a prediction: ms per token with and without speculation."""
     cells = []
@@ -120,7 +151,7 @@ def predict_decision(
     """The decision.json object for ``resolved`` from the step-cost model (module docstring)."""
     from spectool import predicted, profiles
     from spectool.decide.model import gate_from_choices, schedule_from_choices
-    from spectool.predict import describe, predict, setup_for
+    from spectool.predict import describe, predict
     from spectool.tuning.plan import schedule_semantics
 
     report = resolved.report
@@ -132,18 +163,8 @@ def predict_decision(
             "a schedule needs acceptance: pass --acceptance-length, --acceptance-rate or "
             "--acceptance-from DIR (spectool check --gpu gives the break-even acceptance)",
         )
-    geom = predicted.pair_geometry(
-        report.target, report.drafter, resolved.method, recipe, report.profile
-    )
-    hardware, factors, calibrated = calibration(resolved, geom)
-    setup = setup_for(
-        geom.target,
-        resolved.method,
-        hardware,
-        drafter=geom.drafter,
-        engine=factors,
-        tp=resolved.request.tp,
-        context=predicted.DEFAULT_CONTEXT,
+    setup, geom, hardware, calibrated = resolved_setup(
+        resolved, recipe, context=predicted.DEFAULT_CONTEXT
     )
     ks = tuple(range(1, resolved.max_draft_len + 1))
     pred = predict(setup, acceptance, resolved.concurrencies, ks)

@@ -38,24 +38,14 @@ def roofline_prior(
     """``(prior_step, what it rests on)``, or ``(None, why not)`` when the GPU or the models'
     geometry is unknown (the search then measures its planned cells as without a prior).
     ``out``: the run's folder, where a probe's calibration is saved and read back."""
-    from spectool import predicted, profiles
-    from spectool.predict import setup_for
+    from spectool import profiles
+    from spectool.tuning.predicted import resolved_setup
 
     report = resolved.report
     try:
         recipe = profiles.load_profile(report.profile) if report.profile else None
-        geom = predicted.pair_geometry(
-            report.target, report.drafter, resolved.method, recipe, report.profile
-        )
-        hardware, factors, calibrated = _calibration(resolved, geom, out)
-        setup = setup_for(
-            geom.target,
-            resolved.method,
-            hardware,
-            drafter=geom.drafter,
-            engine=factors,
-            tp=resolved.request.tp,
-            context=context,
+        setup, _geom, _hardware, calibrated = resolved_setup(
+            resolved, recipe, context=context, calibrate=lambda r, g: _calibration(r, g, out)
         )
     except SpectoolError as exc:
         return None, f"no prior: {exc}"
