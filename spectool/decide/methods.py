@@ -11,11 +11,12 @@ A method that stays off at a concurrency runs the baseline there: ratio 1.0, no 
 * **One method to deploy.** A ``draft_len_schedule`` switches draft lengths, never methods, so
   the deployment runs one method with its own schedule. Its score is the geometric mean of its
   ratios over the concurrencies (off = 1.0); the lowest wins. Methods whose score is within
-  ``z`` combined standard errors of the best (each cell's standard error read from its interval
-  on the log scale, cells independent) are *tied*: the tie goes to the first of them in the order
-  given, which the caller sorts by what the method costs to serve (memory, moving parts). A
-  near-equal pair of methods therefore gives the same answer on every run instead of the one
-  that happened to measure faster.
+  :data:`TIE_MARGIN` of the best and within ``z`` combined standard errors of it (each cell's
+  standard error read from its interval on the log scale, cells independent) are *tied* (wide
+  intervals alone do not make a 30% slower method a tie): the tie goes to the first of them in
+  the order given, which the caller sorts by what the method costs to serve (memory, moving
+  parts). A near-equal pair of methods therefore gives the same answer on every run
+  instead of the one that happened to measure faster.
 
 Pure: tune results in, a :class:`MethodChoice` out.
 """
@@ -29,6 +30,10 @@ from statistics import NormalDist
 
 from spectool.decide.result import TuneResult
 from spectool.errors import BadInputError
+
+# Methods tie when their scores differ by less than this (relative) AND by less than their
+# combined interval: near-equal by the measurements and close enough not to matter.
+TIE_MARGIN = 0.05
 
 
 @dataclass(frozen=True)
@@ -133,7 +138,9 @@ def rival_ratios(results: Sequence[TuneResult]) -> dict[int, float]:
     return rival
 
 
-def choose_method(results: Sequence[TuneResult], *, confidence: float = 0.95) -> MethodChoice:
+def choose_method(
+    results: Sequence[TuneResult], *, confidence: float = 0.95, tie_margin: float = TIE_MARGIN
+) -> MethodChoice:
     """Compare the methods' searches (in the caller's order of preference); module docstring."""
     if not results:
         raise BadInputError("tune", "no method was tuned")
@@ -163,7 +170,7 @@ def choose_method(results: Sequence[TuneResult], *, confidence: float = 0.95) ->
         s.method
         for s in scores
         if math.log(s.mean_ratio) - math.log(best_score.mean_ratio)
-        <= z * math.hypot(s.log_se, best_score.log_se)
+        <= min(z * math.hypot(s.log_se, best_score.log_se), math.log1p(tie_margin))
     )
     chosen = tied[0]
     return MethodChoice(
@@ -200,8 +207,8 @@ def _why(
         text += f"; fastest at concurrency {_span(won)}"
     if len(tied) > 1:
         text += (
-            f"; {', '.join(m for m in tied if m != chosen)} not distinguishable at this "
-            f"confidence, and {chosen} comes first in the order of serving cost"
+            f"; within {TIE_MARGIN:.0%} of {', '.join(m for m in tied if m != chosen)} and not "
+            f"distinguishable from it at this confidence, and the cheapest of them to serve"
         )
     return text
 

@@ -110,3 +110,19 @@ def test_off_cells_say_whether_they_were_measured_or_only_predicted() -> None:
         if cell.k == 0:
             assert cell.measured == (c in measured_concs)
     assert any(cell.k == 0 and not cell.measured for cell in cells.values())
+
+
+def test_wide_intervals_alone_do_not_tie_a_clearly_slower_method() -> None:
+    def widened(result):  # noqa: ANN001, ANN202
+        cells = tuple(replace(v, ci_low=v.ratio * 0.2, ci_high=v.ratio * 5.0) for v in result.cells)
+        return replace(result, cells=cells)
+
+    strong, _ = _run(STRONG, "eagle3")
+    weak, _ = _run(WEAK, "ngram")
+    results = [widened(weak), widened(strong)]  # ngram first: the cheaper to serve
+    score = {s.method: s.mean_ratio for s in choose_method(results).scores}
+    assert score["ngram"] > score["eagle3"] * 1.05
+    # The intervals alone would tie them (and hand it to the cheaper ngram) ...
+    assert choose_method(results, tie_margin=1e9).chosen == "ngram"
+    # ... but a method more than 5% slower is not a tie.
+    assert choose_method(results).chosen == "eagle3"
