@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from spectool.embedded_rules import validate_engine_config
 from spectool.engine.load import DTYPES
 from spectool.engine.proposers import PROPOSERS
 from spectool.errors import BadInputError, ConfigError
@@ -51,49 +52,24 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         where = "engine config"
-        methods = ("none", *PROPOSERS)  # the live registry
-        if self.method not in methods:
-            raise ConfigError(
-                where, f"method must be one of {', '.join(methods)}, got {self.method!r}"
-            )
-        if self.max_draft_len < 0 or (self.method != "none" and self.max_draft_len < 1):
-            raise ConfigError(where, f"max_draft_len must be >= 1, got {self.max_draft_len}")
-        if self.max_concurrency is not None and self.draft_len_schedule is not None:
-            raise ConfigError(
-                where, "max_concurrency and draft_len_schedule are mutually exclusive"
-            )
-        if self.max_concurrency is not None and self.max_concurrency < 1:
-            raise ConfigError(where, f"max_concurrency must be >= 1, got {self.max_concurrency}")
-        if self.draft_len_schedule is not None:
-            schedule = self.draft_len_schedule
-            if not schedule:
-                raise ConfigError(where, "draft_len_schedule is empty")
-            for batch_size, draft_len in schedule.items():
-                if batch_size < 1:
-                    raise ConfigError(
-                        where, f"draft_len_schedule keys must be >= 1, got {batch_size}"
-                    )
-                if not 0 <= draft_len <= self.max_draft_len:
-                    raise ConfigError(
-                        where,
-                        f"draft_len_schedule[{batch_size}] = {draft_len} is outside "
-                        f"0..max_draft_len ({self.max_draft_len})",
-                    )
-            smallest = min(schedule)
-            if schedule[smallest] != self.max_draft_len:
-                raise ConfigError(
-                    where,
-                    f"draft_len_schedule[{smallest}] (the smallest key) must equal max_draft_len "
-                    f"{self.max_draft_len}, got {schedule[smallest]}",
-                )
+        # the rules a build file can break, shared with build/serve (torch-free); the methods
+        # are the live registry (a proposer registered later is accepted)
+        validate_engine_config(
+            {
+                "method": self.method,
+                "max_draft_len": self.max_draft_len,
+                "draft_len_schedule": self.draft_len_schedule,
+                "max_concurrency": self.max_concurrency,
+                "max_batch_size": self.max_batch_size,
+                "max_seq_len": self.max_seq_len,
+            },
+            where,
+            runnable=("none", *PROPOSERS),
+        )
         if self.ngram_max_matching < 1:
             raise ConfigError(
                 where, f"ngram_max_matching must be >= 1, got {self.ngram_max_matching}"
             )
-        if self.max_batch_size < 1:
-            raise ConfigError(where, f"max_batch_size must be >= 1, got {self.max_batch_size}")
-        if self.max_seq_len < 2:
-            raise ConfigError(where, f"max_seq_len must be >= 2, got {self.max_seq_len}")
         if self.dtype not in DTYPES:
             raise ConfigError(
                 where, f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}"
