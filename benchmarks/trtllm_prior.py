@@ -24,8 +24,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from decide.world import World  # noqa: E402
 
+from spectool.decide.chain import constant_alpha_for  # noqa: E402
 from spectool.decide.tune import tune  # noqa: E402
-from spectool.predict.acceptance import alpha_for_length  # noqa: E402
 from spectool.predict.model import Setup  # noqa: E402
 from spectool.predict.published import (  # noqa: E402
     engine_factors,
@@ -92,7 +92,7 @@ def main() -> None:
             drafter=geometry_from_published(models[row.drafter], row.drafter, row.precision),
             tp=row.tp,
         )
-        alpha = alpha_for_length(row.acceptance_length, row.draft_len, row.row_id)
+        alpha = constant_alpha_for(row.acceptance_length, row.draft_len, row.row_id)
         for name, changes in PERTURBATIONS.items():
             world = RooflineWorld(
                 alphas=(alpha,) * row.draft_len, setup=_scale(setup, changes), noise=0.03

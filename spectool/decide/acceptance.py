@@ -34,6 +34,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# the constant-alpha chain lives in pure Python for spectool.predict; callers import it from here
+from spectool.decide.chain import constant_alpha_for as constant_alpha_for
+from spectool.decide.chain import leviathan_expected_tokens as leviathan_expected_tokens
 from spectool.errors import BadInputError
 
 
@@ -178,36 +181,6 @@ def expected_tokens_table(alphas: Sequence[float]) -> tuple[float, ...]:
     """``E[tokens | k]`` for every ``k = 0..len(alphas)`` (index ``k``); index 0 is 1.0."""
     arr = _check_alphas(alphas, 0)
     return tuple((1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(arr))])).tolist())
-
-
-def leviathan_expected_tokens(alpha: float, k: int) -> float:
-    """Leviathan et al.'s ``(1 - alpha^(k+1)) / (1 - alpha)`` for a constant ``alpha``."""
-    if not 0.0 <= alpha <= 1.0 or k < 0:
-        raise BadInputError("acceptance", f"need 0 <= alpha <= 1 and k >= 0, got {alpha}, {k}")
-    if alpha == 1.0:
-        return float(k + 1)
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-
-
-def constant_alpha_for(tokens_per_step: float, k: int) -> float:
-    """The constant ``alpha`` whose Leviathan form gives ``tokens_per_step`` at draft length ``k``.
-
-    For engines that report only an acceptance length (TensorRT-LLM ``acceptanceLength``), this is
-    the one-parameter stand-in for per-position acceptance. Solved by bisection: the form rises
-    monotonically in ``alpha`` from 1 (at 0) to ``k + 1`` (at 1).
-    """
-    if k < 1 or not 1.0 <= tokens_per_step <= k + 1:
-        raise BadInputError(
-            "acceptance", f"tokens per step {tokens_per_step} outside [1, {k + 1}] for k={k}"
-        )
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        if leviathan_expected_tokens(mid, k) < tokens_per_step:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
 
 
 def acceptance_length(accepted_tokens: int, requests_with_draft: int) -> float | None:

@@ -14,32 +14,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from spectool.decide.chain import constant_alpha_for, leviathan_expected_tokens
 from spectool.errors import BadInputError
 
 
 class _HasAlphas(Protocol):
     def alphas(self) -> tuple[float, ...]: ...
-
-
-def leviathan_tokens(alpha: float, k: int) -> float:
-    """``(1 - alpha^(k+1)) / (1 - alpha)``: confirmed tokens per step at constant ``alpha``."""
-    if alpha >= 1.0:
-        return float(k + 1)
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-
-
-def alpha_for_length(length: float, k: int, where: str = "acceptance length") -> float:
-    """The constant ``alpha`` whose Leviathan form gives ``length`` tokens per step at ``k``."""
-    if k < 1 or not 1.0 <= length <= k + 1:
-        raise BadInputError(where, f"{length} tokens per step is outside [1, {k + 1}] for k={k}")
-    lo, hi = 0.0, 1.0
-    for _ in range(50):
-        mid = 0.5 * (lo + hi)
-        if leviathan_tokens(mid, k) < length:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
 
 
 @dataclass(frozen=True)
@@ -73,7 +53,7 @@ class Acceptance:
     def from_length(cls, length: float, k: int, source: str) -> Acceptance:
         """From an acceptance length (tokens per step, bonus included) measured at draft length
         ``k``: the constant ``alpha`` that reproduces it."""
-        return cls((alpha_for_length(length, k, source),), source, extrapolates=True)
+        return cls((constant_alpha_for(length, k, source),), source, extrapolates=True)
 
     @classmethod
     def from_rate(cls, rate: float, source: str) -> Acceptance:
@@ -101,7 +81,7 @@ class Acceptance:
         if k < 0:
             raise BadInputError("acceptance", f"draft length {k} < 0")
         if self.extrapolates:
-            return leviathan_tokens(self.alphas[0], k)
+            return leviathan_expected_tokens(self.alphas[0], k)
         if k > len(self.alphas):
             return None
         total, run = 1.0, 1.0

@@ -29,8 +29,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from spectool.decide.chain import constant_alpha_for
 from spectool.errors import BadInputError
-from spectool.predict.acceptance import Acceptance, alpha_for_length
+from spectool.predict.acceptance import Acceptance
 from spectool.predict.cost import EngineFactors, Hardware, forward_cost
 from spectool.predict.geometry import Geometry
 
@@ -125,7 +126,7 @@ class Setup:
 
 def leviathan_alpha(length: float, k: int) -> float:
     """The constant alpha giving ``length`` tokens per step at ``k`` (clamped to [1, k+1])."""
-    return alpha_for_length(min(max(length, 1.0), k + 1.0), k)
+    return constant_alpha_for(min(max(length, 1.0), k + 1.0), k)
 
 
 def break_even_length(setup: Setup, batch: int, k: int) -> float:

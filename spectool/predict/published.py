@@ -22,8 +22,8 @@ from typing import Any
 
 import yaml
 
+from spectool.decide.chain import constant_alpha_for
 from spectool.errors import BadInputError
-from spectool.predict.acceptance import alpha_for_length
 from spectool.predict.cost import ENGINE_DEFAULTS, EngineFactors, Hardware
 from spectool.predict.geometry import DTYPE_BYTES, Geometry
 from spectool.predict.model import Setup
@@ -277,7 +277,7 @@ def predict_row(
             + setup.coord_time(c)
         )
     else:
-        p_all = alpha_for_length(length, k, row.row_id) ** k
+        p_all = constant_alpha_for(length, k, row.row_id) ** k
         spec = setup.spec_step(c, k, length, p_all)
     return base * length / spec
 
