@@ -146,14 +146,20 @@ def run_tune(
         progress.on_message(f"resuming: {failed} saved trials had failed requests; measuring again")
     saved = load_trials(trials_path) if failed else saved
     finished = finished_cells(saved, plan, grid)
-    shared = {key: cell for key, cell in (baselines or {}).items() if key[1] == 0 and key in grid}
-    finished = {**shared, **finished}
     options = paired_options(resolved)
     pairs_done = finished_pairs(saved, plan, grid, options)
     if (finished or pairs_done) and progress is not None:
         progress.on_message(
             f"resuming: {len(finished) + len(pairs_done)} cells already measured in {trials_path}"
         )
+    shared = {
+        key: cell
+        for key, cell in (baselines or {}).items()
+        if key[1] == 0 and key in grid and key not in finished
+    }
+    if shared and progress is not None:
+        progress.on_message(f"using the first method's {len(shared)} baseline cells")
+    finished = {**shared, **finished}
     cells: dict[CellKey, CellMeasurement] = dict(finished)
     base_blocks: dict[int, list[CellMeasurement]] = {}  # baseline blocks of paired cells
 
