@@ -172,6 +172,12 @@ METHODS: tuple[str, ...] = tuple(m.name for m in _TABLE)
 _BY_NAME: Mapping[str, Method] = MappingProxyType({m.name: m for m in (*_TABLE, BASELINE)})
 # Methods whose drafts come from the target itself or from text: they take no drafter.
 METHODS_WITHOUT_DRAFTER: frozenset[str] = frozenset(m.name for m in _TABLE if not m.takes_drafter)
+# Methods that run a drafter's own forward (a draft model or an EAGLE head), so predicting their
+# cost needs the drafter's sizes; Medusa's heads are costed from the target's LM head, MTP from
+# the target's layers (spectool.predict).
+DRAFTER_GEOMETRY_METHODS: frozenset[str] = frozenset(
+    m.name for m in _TABLE if m.needs & {"standalone_drafter", "eagle_head"}
+)
 # Drafter checkpoint kind -> the method its weights call for (``--method auto``).
 METHOD_FOR_KIND: Mapping[str, str] = MappingProxyType(
     {m.drafter_kind: m.name for m in _TABLE if m.drafter_kind is not None}

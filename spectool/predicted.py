@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from spectool import methods
 from spectool.errors import BadInputError
 
 if TYPE_CHECKING:
@@ -105,7 +106,7 @@ def pair_geometry(
     gap."""
     from spectool.predict import geometry_from_checkpoint, geometry_from_mapping
 
-    needs_drafter = method in ("draft_model", "eagle", "eagle3")
+    needs_drafter = method in methods.DRAFTER_GEOMETRY_METHODS
     if target is not None and (drafter is not None or not needs_drafter):
         return PairGeometry(
             geometry_from_checkpoint(target),

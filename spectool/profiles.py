@@ -46,9 +46,6 @@ _CHECKOUT_PROFILES = Path(__file__).resolve().parent.parent / "profiles"
 METHODS: tuple[str, ...] = methods.METHODS
 METHODS_WITHOUT_DRAFTER: frozenset[str] = methods.METHODS_WITHOUT_DRAFTER
 
-# Methods whose step cost depends on the drafter's sizes (spectool.predict.model).
-_DRAFTER_GEOMETRY_METHODS = frozenset({"draft_model", "eagle", "eagle3"})
-
 _VENDOR_WORDS = frozenset({"nvidia", "geforce", "tesla"})
 # A Hugging Face repo id ("owner/name") or one of spectool's embedded models ("spectool:name").
 _MODEL_REF = re.compile(r"^(?:[A-Za-z0-9][\w.\-]*/[\w.\-]+|spectool:[\w.\-]+)$")
@@ -243,7 +240,7 @@ class Recipe(BaseModel):
         if len(set(listed)) != len(listed):
             raise ValueError(f"alternatives repeat a method: {', '.join(listed)}")
         if self.geometry is not None:
-            if self.method in _DRAFTER_GEOMETRY_METHODS and self.geometry.drafter is None:
+            if self.method in methods.DRAFTER_GEOMETRY_METHODS and self.geometry.drafter is None:
                 raise ValueError(f"geometry: method {self.method} needs the drafter's geometry")
             if self.drafter is None and self.geometry.drafter is not None:
                 raise ValueError("geometry: drafter given but the recipe has no drafter")

@@ -33,6 +33,7 @@ def test_torch_methods_are_the_embedded_engines() -> None:
 def test_table_shape() -> None:
     assert methods.METHODS == ("eagle3", "eagle", "draft_model", "mtp", "ngram", "medusa")
     assert methods.METHODS_WITHOUT_DRAFTER == {"mtp", "ngram"}
+    assert methods.DRAFTER_GEOMETRY_METHODS == {"draft_model", "eagle", "eagle3"}
     assert dict(methods.METHOD_FOR_KIND) == {
         "eagle3": "eagle3",
         "eagle1": "eagle",

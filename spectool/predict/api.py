@@ -14,9 +14,6 @@ if TYPE_CHECKING:
     from spectool.ckpt.inspect import Checkpoint
     from spectool.profiles import GpuSpec
 
-# A Checkpoint's kind / a Recipe's method -> the model's method name.
-_METHODS = {"eagle3": "eagle3", "eagle": "eagle", "draft_model": "draft_model", "mtp": "mtp"}
-
 
 def setup_for(
     target: Geometry | Checkpoint,
@@ -47,7 +44,7 @@ def setup_for(
     assert target_geom is not None
     return Setup(
         target=target_geom,
-        method=_METHODS.get(method, method),
+        method=method,
         hardware=hardware,
         factors=factors,
         drafter=geom(drafter),

@@ -29,14 +29,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from spectool import methods
 from spectool.decide.chain import constant_alpha_for
 from spectool.errors import BadInputError
 from spectool.predict.acceptance import Acceptance
 from spectool.predict.cost import EngineFactors, Hardware, forward_cost
 from spectool.predict.geometry import Geometry
 
-METHODS = ("draft_model", "eagle3", "eagle", "mtp", "ngram", "medusa")
-_NEEDS_DRAFTER = frozenset({"draft_model", "eagle3", "eagle"})
+METHODS = methods.METHODS
+# Methods whose cost needs the drafter's sizes (spectool.methods)
+DRAFTER_GEOMETRY_METHODS = methods.DRAFTER_GEOMETRY_METHODS
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,7 @@ class Setup:
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise BadInputError("prediction", f"method {self.method!r} not in {', '.join(METHODS)}")
-        if self.method in _NEEDS_DRAFTER and self.drafter is None:
+        if self.method in DRAFTER_GEOMETRY_METHODS and self.drafter is None:
             raise BadInputError("prediction", f"method {self.method} needs the drafter's geometry")
         if self.tp < 1 or self.context < 0:
             raise BadInputError("prediction", "tp must be >= 1 and context >= 0")

@@ -26,7 +26,7 @@ from spectool.decide.chain import constant_alpha_for
 from spectool.errors import BadInputError
 from spectool.predict.cost import ENGINE_DEFAULTS, EngineFactors, Hardware
 from spectool.predict.geometry import DTYPE_BYTES, Geometry
-from spectool.predict.model import Setup
+from spectool.predict.model import DRAFTER_GEOMETRY_METHODS, Setup
 
 # Engines the table has that spectool does not deploy: Hugging Face transformers' eager
 # generate() (the research code of Spec-Bench and the EAGLE papers): no CUDA graphs, Python
@@ -263,7 +263,7 @@ def predict_row(
         method=method,
         hardware=hardware_for(row.gpu),
         factors=f,
-        drafter=drafter if method in ("draft_model", "eagle3", "eagle") else None,
+        drafter=drafter if method in DRAFTER_GEOMETRY_METHODS else None,
         tp=row.tp,
         context=context,
     )
