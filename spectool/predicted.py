@@ -46,19 +46,6 @@ class AcceptanceFlags:
         return [n for n, v in zip(names, values, strict=True) if v is not None]
 
 
-def parse_concurrency(text: str | None, option: str = "--concurrency") -> tuple[int, ...]:
-    """``"1,8,64"`` -> ``(1, 8, 64)``; None -> the default. One-line error on anything else."""
-    if text is None:
-        return DEFAULT_CONCURRENCY
-    try:
-        values = tuple(sorted({int(v) for v in text.split(",") if v.strip()}))
-    except ValueError:
-        raise BadInputError(option, f"expected comma-separated integers, got {text!r}") from None
-    if not values or values[0] < 1:
-        raise BadInputError(option, f"concurrencies must be 1 or more, got {text!r}")
-    return values
-
-
 def resolve_acceptance(
     flags: AcceptanceFlags, recipe: Recipe | None, k: int, concurrency: int | None = None
 ) -> Acceptance | None:

@@ -56,7 +56,7 @@ def check(
     the prediction from the profile's geometry is still printed).
     """
     from spectool.check import CheckRequest, run_check
-    from spectool.predicted import parse_concurrency
+    from spectool.tuning.request import parse_concurrencies
 
     report = run_check(
         CheckRequest(
@@ -73,7 +73,7 @@ def check(
             max_batch_size=max_batch_size,
             max_seq_len=max_seq_len,
             trust_remote_code=trust_remote_code,
-            concurrency=parse_concurrency(concurrency) if concurrency else None,
+            concurrency=parse_concurrencies(concurrency) if concurrency else None,
             acceptance_length=acceptance_length,
             acceptance_rate=acceptance_rate,
         )
