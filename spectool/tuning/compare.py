@@ -169,14 +169,15 @@ def write_comparison(
 
 
 def comparison_cell(choice: MethodChoice, method: str, c: int) -> str:
-    """``k=4 0.49`` (measured, chosen), ``pred 0.56`` (off: predicted to pay, but not to beat
-    a rival, so not confirmed) or ``off``: one method at one concurrency, as tables show it."""
+    """``k=4 0.49`` (measured, chosen), ``pred 0.56`` (off, nothing measured there: predicted
+    to pay, but not to beat a rival, so not confirmed) or ``off``: one method at one
+    concurrency, as tables show it."""
     cell = choice.cells[method][c]
     if cell.k > 0:
         return f"k={cell.k} {cell.ratio:.2f}"
-    return (
-        f"pred {cell.predicted:.2f}" if cell.predicted is not None and cell.predicted < 1 else "off"
-    )
+    if cell.measured or cell.predicted is None or cell.predicted >= 1:
+        return "off"  # measured and not paying (or not settled), or not predicted to pay
+    return f"pred {cell.predicted:.2f}"
 
 
 def comparison_markdown(outcomes: Sequence[TuneOutcome], choice: MethodChoice) -> str:

@@ -43,3 +43,20 @@ def test_earlier_results_are_refused_without_resume_or_force(tmp_path: Path) -> 
     (tmp_path / "run" / "eagle3" / "trials.jsonl").write_text("{}\n")
     with pytest.raises(OutputExistsError, match="eagle3"):
         resolve_all(requests)
+
+
+def test_an_off_cell_shows_its_prediction_only_when_nothing_was_measured_there() -> None:
+    from spectool.decide.methods import MethodCell, MethodChoice
+    from spectool.tuning.compare import comparison_cell
+
+    cells = {
+        "ngram": {
+            1: MethodCell("ngram", 1, 4, 0.6, 0.5, 0.7, "pays"),
+            2: MethodCell("ngram", 2, 0, 1.0, 1.0, 1.0, "off", predicted=0.66, measured=False),
+            16: MethodCell("ngram", 16, 0, 1.0, 1.0, 1.0, "off", predicted=0.64, measured=True),
+            32: MethodCell("ngram", 32, 0, 1.0, 1.0, 1.0, "off", predicted=1.2, measured=False),
+        }
+    }
+    choice = MethodChoice(("ngram",), (1, 2, 16, 32), cells, {}, (), "ngram", ("ngram",), "")
+    shown = [comparison_cell(choice, "ngram", c) for c in (1, 2, 16, 32)]
+    assert shown == ["k=4 0.60", "pred 0.66", "off", "off"]
