@@ -32,7 +32,7 @@ NO_DRAFTER = {"mtp", "ngram"}
 DRAFTINGS = {"chain", "tree"}
 ENGINES = {"trtllm", "vllm", "sglang", "hf", "other"}
 PRECISIONS = {"bf16", "fp16", "fp8", "fp4"}
-LOAD_KINDS = {"batch", "concurrency", "qps"}
+LOAD_KINDS = {"batch", "closed-set", "concurrency", "qps"}
 REQUIRED_TEXT = ["row_id", "source_id", "source_url", "source_locator", "model", "method",
                  "drafting", "engine", "gpu", "precision", "load_kind", "dataset", "value_unit",
                  "notes"]  # fmt: skip

@@ -71,17 +71,17 @@ class Setup:
         if self.tp < 1 or self.context < 0:
             raise BadInputError("prediction", "tp must be >= 1 and context >= 0")
 
-    def base_step(self, batch: int) -> float:
+    def base_step(self, batch: float) -> float:
         """Seconds of one plain decode step: the iteration overhead + one target forward."""
         return self.factors.step_overhead_s + self.target_step(batch, 1)
 
-    def target_step(self, batch: int, tokens: float) -> float:
+    def target_step(self, batch: float, tokens: float) -> float:
         """Seconds of one target forward of ``batch x tokens`` tokens (no iteration overhead)."""
         return forward_cost(
             self.target, self.hardware, self.factors, batch, tokens, self.context, self.tp
         ).seconds
 
-    def draft_time(self, batch: int, k: int, tokens: float, p_all: float) -> float:
+    def draft_time(self, batch: float, k: int, tokens: float, p_all: float) -> float:
         """Seconds of drafting ``k`` tokens for ``batch`` sequences.
 
         ``tokens``: confirmed tokens per step (what an EAGLE head catches up on first);
@@ -112,12 +112,12 @@ class Setup:
             first = forward_cost(self.drafter, hw, f, batch, max(1.0, tokens), ctx, tp).seconds
         return first + (k - 1) * one
 
-    def coord_time(self, batch: int) -> float:
+    def coord_time(self, batch: float) -> float:
         """Iteration overhead of a speculative step: the plain one plus speculation's own."""
         f = self.factors
         return f.step_overhead_s + f.spec_overhead_s + batch * f.spec_seq_overhead_s
 
-    def spec_step(self, batch: int, k: int, tokens: float, p_all: float) -> float:
+    def spec_step(self, batch: float, k: int, tokens: float, p_all: float) -> float:
         """Seconds of one speculative step: draft + verify ``k + 1`` tokens + coordination."""
         return (
             self.draft_time(batch, k, tokens, p_all)
