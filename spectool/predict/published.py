@@ -84,8 +84,9 @@ class PublishedRow:
     # trend checks of rows that publish no acceptance length of their own
     ref_acceptance_length: float | None = None
     load_kind: str = "batch"
-    # closed-set rows: the source's baseline throughput at this concurrency over its batch-1
-    # baseline (see effective_batch); None for other rows and where the source has no batch 1
+    baseline_value: float | None = None  # the source's speed without speculation, if given
+    # closed-set rows: baseline_value over the same source's at concurrency 1 (see
+    # effective_batch); None for other rows and where the source has no concurrency 1
     baseline_scale: float | None = None
 
 
@@ -134,36 +135,38 @@ def load_rows(folder: Path) -> list[PublishedRow]:
                     topk=int(topk.group(1)) if topk else 1,
                     ref_acceptance_length=float(ref.group(1)) if ref else None,
                     load_kind=r["load_kind"],
+                    baseline_value=_float(r["baseline_value"]),
                 )
             )
         except (KeyError, ValueError) as exc:
             raise BadInputError(path, f"line {i}: {exc}") from exc
-    return _with_baseline_scales(path, rows, [_float(r["baseline_value"]) for r in raw])
+    return _with_baseline_scales(path, rows)
 
 
-def _with_baseline_scales(
-    path: Path, rows: list[PublishedRow], baselines: list[float | None]
-) -> list[PublishedRow]:
+def _with_baseline_scales(path: Path, rows: list[PublishedRow]) -> list[PublishedRow]:
     """Closed-set rows with their :attr:`PublishedRow.baseline_scale`: the baseline value at
     the row's concurrency over the same source's baseline at concurrency 1 (same model, GPU,
     TP and engine). Baselines at concurrency 1 that disagree are an error: they are one run."""
+
+    def key(row: PublishedRow) -> tuple[str, ...]:
+        return (row.source_id, row.model, row.gpu, str(row.tp), row.engine)
+
     ones: dict[tuple[str, ...], float] = {}
-    for row, base in zip(rows, baselines, strict=True):
+    for row in rows:
+        base = row.baseline_value
         if row.load_kind != CLOSED_SET or row.concurrency != 1 or base is None:
             continue
-        key = (row.source_id, row.model, row.gpu, str(row.tp), row.engine)
-        if key in ones and not math.isclose(ones[key], base, rel_tol=0.005):
+        if key(row) in ones and not math.isclose(ones[key(row)], base, rel_tol=0.005):
             raise BadInputError(
-                path, f"{row.row_id}: batch-1 baseline {base} differs from {ones[key]}"
+                path, f"{row.row_id}: batch-1 baseline {base} differs from {ones[key(row)]}"
             )
-        ones.setdefault(key, base)
-    out = []
-    for row, base in zip(rows, baselines, strict=True):
-        key = (row.source_id, row.model, row.gpu, str(row.tp), row.engine)
-        if row.load_kind == CLOSED_SET and base is not None and key in ones:
-            row = replace(row, baseline_scale=base / ones[key])
-        out.append(row)
-    return out
+        ones.setdefault(key(row), base)
+    return [
+        replace(row, baseline_scale=row.baseline_value / ones[key(row)])
+        if row.load_kind == CLOSED_SET and row.baseline_value is not None and key(row) in ones
+        else row
+        for row in rows
+    ]
 
 
 def load_models(folder: Path) -> dict[str, dict[str, Any]]:
@@ -290,10 +293,42 @@ def effective_batch(setup: Setup, concurrency: float, baseline_scale: float) -> 
     lo, hi = 1.0, float(concurrency)
     if baseline_scale <= gain(lo):
         return lo
-    for _ in range(50):  # gain rises with b (more sequences per step, step time sub-linear)
+    while hi / lo > 1.0 + 1e-9:  # gain rises with b (step time grows slower than the batch)
         mid = math.sqrt(lo * hi)
         lo, hi = (mid, hi) if gain(mid) < baseline_scale else (lo, mid)
     return math.sqrt(lo * hi)
+
+
+def row_setup(
+    row: PublishedRow,
+    models: Mapping[str, Mapping[str, Any]],
+    factors: Mapping[str, EngineFactors] | None = None,
+) -> Setup:
+    """The step-cost setup of one row: its models' geometry, its GPU, its TP, its engine's
+    factors (``factors`` overriding the defaults) and its context (:data:`DEFAULT_CONTEXT`
+    when it gives no lengths)."""
+    target = geometry_from_published(models[row.model], row.model, row.precision)
+    drafter = (
+        geometry_from_published(models[row.drafter], row.drafter, row.precision)
+        if row.drafter
+        else None
+    )
+    f = (factors or {}).get(row.engine) or engine_factors(row.engine)
+    context = (
+        (row.input_len or 0) + (row.output_len or 0) // 2
+        if row.input_len or row.output_len
+        else DEFAULT_CONTEXT
+    )
+    method = {"eagle2": "eagle"}.get(row.method, row.method)
+    return Setup(
+        target=target,
+        method=method,
+        hardware=hardware_for(row.gpu),
+        factors=f,
+        drafter=drafter if method in DRAFTER_GEOMETRY_METHODS else None,
+        tp=row.tp,
+        context=context,
+    )
 
 
 def predict_row(
@@ -309,28 +344,7 @@ def predict_row(
     assert row.acceptance_length is not None
     assert row.concurrency is not None
     assert row.draft_len is not None
-    target = geometry_from_published(models[row.model], row.model, row.precision)
-    drafter = (
-        geometry_from_published(models[row.drafter], row.drafter, row.precision)
-        if row.drafter
-        else None
-    )
-    f = (factors or {}).get(row.engine) or engine_factors(row.engine)
-    context = (
-        (row.input_len or 0) + (row.output_len or 0) // 2
-        if row.input_len or row.output_len
-        else DEFAULT_CONTEXT
-    )
-    method = {"eagle2": "eagle"}.get(row.method, row.method)
-    setup = Setup(
-        target=target,
-        method=method,
-        hardware=hardware_for(row.gpu),
-        factors=f,
-        drafter=drafter if method in DRAFTER_GEOMETRY_METHODS else None,
-        tp=row.tp,
-        context=context,
-    )
+    setup = row_setup(row, models, factors)
     k, length = row.draft_len, row.acceptance_length
     c: float = row.concurrency
     if row.load_kind == CLOSED_SET and row.baseline_scale is not None:

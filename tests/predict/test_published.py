@@ -14,23 +14,19 @@ import pytest
 
 from spectool.errors import BadInputError
 from spectool.predict.cost import ENGINE_DEFAULTS
-from spectool.predict.model import Setup
 from spectool.predict.published import (
     CLOSED_SET,
-    DEFAULT_CONTEXT,
     EXTRA_ENGINES,
     FITTED,
-    PublishedRow,
     effective_batch,
-    engine_factors,
     evaluate,
     fit_engine_defaults,
     geometry_from_published,
-    hardware_for,
     load_models,
     load_rows,
     predict_row,
     predict_with_reference,
+    row_setup,
     skip_reason,
     usable,
 )
@@ -124,19 +120,6 @@ def test_per_sequence_cost_needs_rows_at_several_concurrencies(table: tuple[list
     assert all(getattr(hf, n) == getattr(EXTRA_ENGINES["hf"], n) for n in FITTED)
 
 
-def _setup(row: PublishedRow, models: dict) -> Setup:
-    assert row.drafter is not None
-    return Setup(
-        target=geometry_from_published(models[row.model], row.model, row.precision),
-        method="eagle3",
-        hardware=hardware_for(row.gpu),
-        factors=engine_factors(row.engine),
-        drafter=geometry_from_published(models[row.drafter], row.drafter, row.precision),
-        tp=row.tp,
-        context=DEFAULT_CONTEXT,  # the rows give no lengths
-    )
-
-
 def test_closed_set_rows_carry_their_baseline_scale(table: tuple[list, dict]) -> None:
     """SpecForge's benchmark rows (threads over a finite prompt set) carry the baseline
     throughput at their concurrency over the same source's batch-1 baseline; others none."""
@@ -151,7 +134,7 @@ def test_closed_set_rows_carry_their_baseline_scale(table: tuple[list, dict]) ->
 def test_effective_batch_inverts_the_baseline_gain(table: tuple[list, dict]) -> None:
     rows, models = table
     row = next(r for r in rows if r.row_id == "as163-bs32-s4k4n16")
-    setup = _setup(row, models)
+    setup = row_setup(row, models)
 
     def gain(b: float) -> float:
         return b * setup.base_step(1) / setup.base_step(b)
@@ -176,7 +159,7 @@ def test_closed_set_loads_are_read_from_the_baseline_series(table: tuple[list, d
         r.concurrency: r for r in rows if r.source_id == "angelslim-163" and "s4k4n16" in r.row_id
     }
     loads = {
-        c: effective_batch(_setup(r, models), c, r.baseline_scale)
+        c: effective_batch(row_setup(r, models), c, r.baseline_scale)
         for c, r in series.items()
         if c > 1
     }
