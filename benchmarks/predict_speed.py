@@ -1,8 +1,8 @@
 """How fast is a prediction? (done-when 4: well under 100 ms of pure Python.)
 
-Predicts one profile (Llama-3.1-8B + EAGLE-3 head on an H100, trtllm defaults, a constant
-acceptance) for concurrencies 1, 8, 64 and k = 1..8, with and without acceptance (the
-break-even search), and times it; also the whole CLI-like path from the profile's geometry.
+Predicts one profile (``llama-3.1-8b-eagle3``: its geometry block, an H100, trtllm defaults,
+a constant acceptance) for concurrencies 1, 8, 64 and k = 1..8, with and without acceptance
+(the break-even search), and times it, geometry from the profile included.
 
     python benchmarks/predict_speed.py [--repeats 50]
 """
@@ -18,18 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 TARGET_MS = 100.0
-
-LLAMA_8B = {
-    "num_layers": 32,
-    "hidden_size": 4096,
-    "num_attention_heads": 32,
-    "head_dim": 128,
-    "num_kv_heads": 8,
-    "dense_params": 7.5e9,
-    "lm_head_params": 5.25e8,
-    "weight_dtype": "bf16",
-}
-EAGLE3_HEAD = {**LLAMA_8B, "num_layers": 1, "dense_params": 3.0e8, "lm_head_params": 1.3e8}
+PROFILE = "llama-3.1-8b-eagle3"
 
 
 def main() -> int:
@@ -37,19 +26,17 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=50)
     args = parser.parse_args()
     t_import = time.perf_counter()
-    from spectool.predict import Acceptance, geometry_from_mapping, predict, setup_for
-    from spectool.profiles import load_gpu
+    from spectool.predict import Acceptance, predict, setup_for
+    from spectool.predicted import pair_geometry
+    from spectool.profiles import load_gpu, load_profile
 
     import_ms = (time.perf_counter() - t_import) * 1e3
 
     def once(acceptance: bool) -> float:
         t0 = time.perf_counter()
+        geom = pair_geometry(None, None, "eagle3", load_profile(PROFILE), PROFILE)
         setup = setup_for(
-            geometry_from_mapping(LLAMA_8B, "llama-3.1-8b"),
-            "eagle3",
-            load_gpu("h100-sxm"),
-            drafter=geometry_from_mapping(EAGLE3_HEAD, "eagle3-head"),
-            engine="trtllm",
+            geom.target, "eagle3", load_gpu("h100-sxm"), drafter=geom.drafter, engine="trtllm"
         )
         acc = Acceptance.from_rate(0.7, "bench") if acceptance else None
         predict(setup, acc, concurrencies=(1, 8, 64), ks=range(1, 9))
