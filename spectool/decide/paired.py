@@ -18,11 +18,18 @@ Designs (:data:`~spectool.decide.verdict.Design`):
   baseline is measured before and after the speculative cells; the cell is compared with both,
   and its interval spans both comparisons (:func:`bracketed_estimate`).
 
-Interval (interleaved): ``ratio = exp(mean d_i)``. Its half-width on the log scale is the larger
-of ``t(n - 1) * sd(d) / sqrt(n)`` (between pairs: drift that the pairing did not cancel, plus
-sampling noise) and ``z * se_within`` (the pairs' own sampling noise, from a bootstrap of each
-block's iterations or requests; it keeps two pairs that agree by chance from claiming
-precision they do not have). Blocks are added until the interval is clear of the decision
+Estimate (interleaved): the token-weighted mean of the pairs' ratios, ``ratio = sum w_i r_i``
+with ``r_i = exp(d_i)`` and ``w_i`` pair ``i``'s share of the output tokens: the workload's
+speculative time over its baseline time when the baseline's cost per token does not depend on
+the prompt, with each pair's own machine speed cancelled. Pairs send different prompts, and
+acceptance depends on the prompt, so the pairs' ratios differ by their prompts as well as by
+noise; :mod:`spectool.tuning.trials` makes the pairs walk through shuffled passes over the
+whole workload, so any set of first pairs is a random sample of it and a full pass is all of
+it. Its half-width on the log scale is the larger of ``t(n - 1) * se_w / ratio`` (``se_w`` the
+standard error of the weighted mean between pairs: the prompts' spread, drift that the pairing
+did not cancel, and sampling noise) and ``z * se_within`` (the pairs' own sampling noise, from
+a bootstrap of each block's iterations or requests; it keeps two pairs that agree by chance
+from claiming precision they do not have). Blocks are added until the interval is clear of the decision
 threshold (:func:`settled`), so the interval is looked at several times: the confidence of each
 look is Bonferroni-corrected over the looks a cell may take (``looks``), which keeps the chance
 of any wrong call at or below ``1 - confidence``.
@@ -76,6 +83,9 @@ class PairedCell:
 
     pairs: tuple[BlockPair, ...]
     design: Design = "interleaved"
+    looks: int = 0  # how often the stopping rule may look at it (0: the caller says)
+    prompts_covered: int = 0  # distinct prompts its blocks sent (0: not recorded)
+    workload_prompts: int = 0  # prompts in the workload (0: not recorded)
 
     def __post_init__(self) -> None:
         if not self.pairs:
@@ -125,7 +135,7 @@ def _ms_per_token(cell: CellMeasurement, source: Source) -> float:
 
 def _log_ratio_and_var(
     pair: BlockPair, source: Source, rng: np.random.Generator
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
     s_num, s_den, b_num, b_den = _terms(pair.spec, pair.base, source)
     if min(s_num.size, b_num.size) < 2:
         raise BadInputError(
@@ -141,7 +151,7 @@ def _log_ratio_and_var(
     sn, sd = resampled_sums(s_num, s_den, _WITHIN_BOOT, rng, blocks[0])
     bn, bd = resampled_sums(b_num, b_den, _WITHIN_BOOT, rng, blocks[1])
     boot = np.log((sn / sd) / (bn / bd))
-    return d, float(boot.var(ddof=1))
+    return d, float(boot.var(ddof=1)), float(b_den.sum())
 
 
 def paired_estimate(
@@ -154,8 +164,8 @@ def paired_estimate(
     """The ratio and its interval from ``cell``'s pairs (at least :data:`MIN_PAIRS`).
 
     ``looks``: how many times the interval may be looked at while blocks are added (the
-    largest number of pairs less one); each look gets confidence ``1 - (1 - confidence) /
-    looks``.
+    cell's own ``looks`` when it records them); each look gets confidence
+    ``1 - (1 - confidence) / looks``.
     """
     from scipy import stats
 
@@ -168,23 +178,26 @@ def paired_estimate(
         raise BadInputError(
             "paired estimate", f"need 0 < confidence < 1 and looks >= 1, got {confidence}, {looks}"
         )
+    looks = cell.looks or looks
     source = pair_source(cell.pairs)
     rng = np.random.default_rng([seed, c, k, 7])
-    logs, variances = zip(*(_log_ratio_and_var(p, source, rng) for p in cell.pairs), strict=True)
+    logs, variances, tokens = zip(
+        *(_log_ratio_and_var(p, source, rng) for p in cell.pairs), strict=True
+    )
     d = np.array(logs)
     n = d.size
-    mean = float(d.mean())
+    ratio, log_se = weighted_ratio(d, np.array(tokens))
     spread = float(d.std(ddof=1))
     within_se = math.sqrt(sum(variances)) / n
     alpha = (1.0 - confidence) / looks
     half = max(
-        float(stats.t.ppf(1.0 - alpha / 2.0, n - 1)) * spread / math.sqrt(n),
+        float(stats.t.ppf(1.0 - alpha / 2.0, n - 1)) * log_se,
         float(stats.norm.ppf(1.0 - alpha / 2.0)) * within_se,
     )
-    low, high = math.exp(mean - half), math.exp(mean + half)
+    low, high = ratio * math.exp(-half), ratio * math.exp(half)
     firsts, lasts = cell.pairs[0], cell.pairs[-1]
     return PairedEstimate(
-        ratio=math.exp(mean),
+        ratio=ratio,
         ci_low=low,
         ci_high=high,
         verdict=verdict_for(low, high),
@@ -197,7 +210,26 @@ def paired_estimate(
         drift_spec=_ms_per_token(lasts.spec, source) / _ms_per_token(firsts.spec, source),
         confidence=confidence,
         looks=looks,
+        prompts_covered=cell.prompts_covered,
+        workload_prompts=cell.workload_prompts,
     )
+
+
+def weighted_ratio(log_ratios: np.ndarray, weights: np.ndarray) -> tuple[float, float]:
+    """The weighted mean of ``exp(log_ratios)`` and the standard error of its log.
+
+    The standard error is the weighted mean's between-pairs one, ``sqrt(n / (n - 1) *
+    sum(w_i^2 (r_i - mean)^2))`` with weights summing to 1, read on the log scale through the
+    mean (delta method). Equal weights give the ordinary ``sd(r) / sqrt(n)``.
+    """
+    r = np.exp(log_ratios)
+    if weights.size != r.size or not np.all(weights > 0):
+        raise BadInputError("paired estimate", "every pair needs a positive token count")
+    w = weights / weights.sum()
+    mean = float((w * r).sum())
+    n = r.size
+    se = math.sqrt(n / (n - 1) * float((w**2 * (r - mean) ** 2).sum())) if n > 1 else 0.0
+    return mean, se / mean
 
 
 def settled(estimate: PairedEstimate, threshold: float = 1.0) -> bool:

@@ -45,6 +45,8 @@ class PairedEstimate:
     drift_spec: float
     confidence: float
     looks: int
+    prompts_covered: int = 0  # distinct workload prompts the pairs sent (0: not recorded)
+    workload_prompts: int = 0  # prompts in the workload (0: not recorded)
 
     @property
     def pairs(self) -> int:
@@ -60,6 +62,8 @@ class PairedEstimate:
             "drift_base": self.drift_base,
             "drift_spec": self.drift_spec,
             "looks": self.looks,
+            "prompts_covered": self.prompts_covered,
+            "workload_prompts": self.workload_prompts,
         }
 
 

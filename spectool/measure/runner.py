@@ -225,7 +225,9 @@ async def run_trial(
     results: dict[int, StreamResult] = {}
 
     async def send(index: int) -> None:
-        prompt = prompts[(config.prompt_offset + index) % n_prompts]
+        order = config.prompt_indices
+        position = order[index % len(order)] if order else config.prompt_offset + index
+        prompt = prompts[position % n_prompts]
         result = await client.stream(
             prompt,
             request_id=f"r{index:05d}",

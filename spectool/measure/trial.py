@@ -32,7 +32,9 @@ class TrialConfig:
     ``max_tokens`` is the output length of prompts that carry none of their own.
     ``workload_id`` is :func:`~spectool.measure.workloads.workload_id` of the prompts (checked
     by :func:`run_trial` when set). ``prompt_offset``: measured request ``i`` sends prompt
-    ``(prompt_offset + i) % len(prompts)`` (short blocks of one cell cycle through the prompts).
+    ``(prompt_offset + i) % len(prompts)``. ``prompt_indices`` (when given, instead of the
+    offset): measured request ``i`` sends prompt ``prompt_indices[i % len(prompt_indices)]``
+    (a paired block's share of a shuffled pass over the workload, :mod:`spectool.tuning.trials`).
     """
 
     label: str
@@ -46,6 +48,7 @@ class TrialConfig:
     workload_id: str = ""
     request: RequestOptions = dataclasses.field(default_factory=RequestOptions)
     prompt_offset: int = 0
+    prompt_indices: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         where = f"trial {self.label!r}"
@@ -65,6 +68,10 @@ class TrialConfig:
             raise BadInputError(where, f"time_limit_s must be > 0, got {self.time_limit_s}")
         if self.prompt_offset < 0:
             raise BadInputError(where, f"prompt_offset must be >= 0, got {self.prompt_offset}")
+        if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in self.prompt_indices):
+            raise BadInputError(where, "prompt_indices must be whole numbers >= 0")
+        if self.prompt_indices and self.prompt_offset:
+            raise BadInputError(where, "give prompt_offset or prompt_indices, not both")
 
     @property
     def mode(self) -> Literal["closed", "open"]:
@@ -72,11 +79,15 @@ class TrialConfig:
         return "closed" if self.concurrency is not None else "open"
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-ready dict (``request`` nested; ``prompt_offset`` only when set, so
-        trials saved before it existed keep their keys)."""
+        """Plain JSON-ready dict (``request`` nested; ``prompt_offset`` and ``prompt_indices``
+        only when set, so trials saved before they existed keep their keys)."""
         data = dataclasses.asdict(self)
         if not self.prompt_offset:
             del data["prompt_offset"]
+        if self.prompt_indices:
+            data["prompt_indices"] = list(self.prompt_indices)
+        else:
+            del data["prompt_indices"]
         return data
 
     @classmethod
@@ -87,6 +98,8 @@ class TrialConfig:
         fields = dict(data)
         try:
             fields["request"] = RequestOptions(**fields.get("request", {}))
+            if isinstance(fields.get("prompt_indices"), list):
+                fields["prompt_indices"] = tuple(fields["prompt_indices"])
             return cls(**fields)
         except TypeError as e:
             raise BadInputError(where, str(e)) from e

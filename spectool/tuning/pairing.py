@@ -6,9 +6,15 @@ blocks and decides when to stop:
 * pair ``i`` is a speculative block (draft length ``k``) and a baseline block (0) at the same
   concurrency, back to back on one server that switches its draft length in place; the order
   alternates (A B, B A, A B, ...), so a steady drift of the machine favours neither arm;
-* after every :data:`LOOK_EVERY` pairs the paired interval is computed; the cell stops as soon as it lies wholly on one side of the
-  threshold (1, or ``1 - min_gain``), when :data:`MAX_PAIRS` pairs are measured, or when the
-  blocks have used ``budget_s`` seconds; an unsettled cell is then ``inconclusive``;
+* the pairs walk through shuffled passes over the whole workload (``pass_pairs`` pairs a pass,
+  :meth:`spectool.tuning.trials.CellPlan.block_config`), and the interval is looked at only
+  after whole passes: every :func:`look_every` pairs (at least :data:`LOOK_EVERY`). So the
+  first look already counts every prompt of the workload once, and every look weighs each
+  prompt alike: acceptance that depends on the prompt cannot bias a cell that stopped early;
+* at each look the cell stops as soon as the interval lies wholly on one side of the threshold
+  (1, or ``1 - min_gain``), when :func:`max_pairs` pairs are measured, or when the blocks have
+  used ``budget_s`` seconds (the first pass is finished whatever the budget); an unsettled
+  cell is then ``inconclusive``;
 * ``block(pair, arm)`` returns a trial: measured now, or found in ``trials.jsonl`` by a resumed
   run. The stopping rule depends on the blocks alone (their measurements and wall times), so a
   resumed run stops where an uninterrupted one would.
@@ -23,12 +29,30 @@ from spectool.decide.verdict import CellVerdict
 from spectool.measure.runner import TrialResult
 from spectool.tuning.trials import pooled_cell
 
-LOOK_EVERY = 4  # the interval is looked at after pair 4, 8, ..., MAX_PAIRS
-MAX_PAIRS = 24
-LOOKS = MAX_PAIRS // LOOK_EVERY
+LOOK_EVERY = 4  # the fewest pairs between two looks at the interval
+MAX_PAIRS = 24  # the most pairs a cell takes, unless two looks need more
+LOOKS = MAX_PAIRS // LOOK_EVERY  # looks of a cell whose pass fits in one block
 DEFAULT_BUDGET_S = 30.0
 
 BlockFn = Callable[[int, int], TrialResult]  # (pair index, arm: k or 0) -> the block's trial
+
+
+def look_every(pass_pairs: int) -> int:
+    """Pairs between two looks: whole passes, at least :data:`LOOK_EVERY` pairs."""
+    if pass_pairs < 1:
+        raise ValueError(f"a pass needs at least one pair, got {pass_pairs}")
+    return pass_pairs * -(-LOOK_EVERY // pass_pairs)
+
+
+def max_pairs(pass_pairs: int) -> int:
+    """The most pairs of a cell: :data:`MAX_PAIRS`, or two looks where a look needs more."""
+    every = look_every(pass_pairs)
+    return max(every * (MAX_PAIRS // every), 2 * every)
+
+
+def looks_of(pass_pairs: int) -> int:
+    """How often a cell's interval may be looked at (its Bonferroni correction)."""
+    return max_pairs(pass_pairs) // look_every(pass_pairs)
 
 
 def measure_paired(
@@ -40,11 +64,27 @@ def measure_paired(
     confidence: float = 0.95,
     seed: int = 0,
     budget_s: float = DEFAULT_BUDGET_S,
+    pass_pairs: int = 1,
+    workload_prompts: int = 0,
 ) -> PairedCell:
-    """The paired cell ``(concurrency, k)``; see the module docstring."""
+    """The paired cell ``(concurrency, k)``; see the module docstring.
+
+    ``pass_pairs``: pairs that cover the workload once (``workload_prompts`` prompts).
+    """
+    every, most, looks = look_every(pass_pairs), max_pairs(pass_pairs), looks_of(pass_pairs)
     pairs: list[BlockPair] = []
+    sent: set[int] = set()
     spent = 0.0
-    for i in range(MAX_PAIRS):
+
+    def cell() -> PairedCell:
+        return PairedCell(
+            tuple(pairs),
+            looks=looks,
+            prompts_covered=len(sent),
+            workload_prompts=workload_prompts,
+        )
+
+    for i in range(most):
         spec_first = i % 2 == 0
         arms = (k, 0) if spec_first else (0, k)
         got = {}
@@ -52,17 +92,26 @@ def measure_paired(
             trial = block(i, arm)
             spent += trial.wall_time_s
             got[arm] = pooled_cell([trial], arm)
+            sent.update(_prompts_sent(trial))
         pairs.append(BlockPair(got[k], got[0], spec_first=spec_first))
-        if len(pairs) % LOOK_EVERY:
+        if len(pairs) % every:
             continue
-        estimate = paired_estimate(
-            PairedCell(tuple(pairs)), confidence=confidence, looks=LOOKS, seed=seed
-        )
+        estimate = paired_estimate(cell(), confidence=confidence, seed=seed)
         if settled(estimate, threshold) or spent >= budget_s:
             break
-    cell = PairedCell(tuple(pairs))
-    assert cell.key == (concurrency, k)
-    return cell
+    done = cell()
+    assert done.key == (concurrency, k)
+    return done
+
+
+def _prompts_sent(trial: TrialResult) -> set[int]:
+    """The workload indices of the prompts a block sent (its measured requests)."""
+    config = trial.config
+    order = config.prompt_indices
+    n = len(trial.records) or config.num_prompts
+    if order:
+        return {order[i % len(order)] for i in range(n)}
+    return {config.prompt_offset + i for i in range(n)}
 
 
 class NotSaved(Exception):

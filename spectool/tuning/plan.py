@@ -71,6 +71,8 @@ def cell_plan(resolved: ResolvedTune, setup: TuneSetup, prompts: TunePrompts) ->
         num_prompts=resolved.num_prompts,
         max_tokens=resolved.max_tokens,
         repeats=resolved.request.repeats,
+        workload_prompts=len(prompts.prompts),
+        seed=resolved.request.seed,
     )
 
 

@@ -28,9 +28,9 @@ import spectool
 from spectool.decide.cell import CellMeasurement
 from spectool.io import atomic_write_text
 from spectool.tuning.outcome import TuneOutcome
-from spectool.tuning.pairing import LOOK_EVERY, LOOKS, MAX_PAIRS
+from spectool.tuning.pairing import look_every, looks_of, max_pairs
 from spectool.tuning.setup import TUNE_NAME
-from spectool.tuning.trials import BLOCK_WAVES
+from spectool.tuning.trials import BLOCK_WAVES, pass_pairs
 
 TUNE_FORMAT = "spectool.tune/1"
 
@@ -107,9 +107,16 @@ def tune_json(outcome: TuneOutcome) -> dict[str, Any]:
             "pairing": {
                 "budget_s": req.budget_s,
                 "block_waves": BLOCK_WAVES,
-                "look_every": LOOK_EVERY,
-                "max_pairs": MAX_PAIRS,
-                "looks": LOOKS,
+                "workload_prompts": len(outcome.prompts.prompts),
+                "per_concurrency": {
+                    str(c): {
+                        "pass_pairs": (p := pass_pairs(len(outcome.prompts.prompts), c)),
+                        "look_every": look_every(p),
+                        "max_pairs": max_pairs(p),
+                        "looks": looks_of(p),
+                    }
+                    for c in result.concurrencies
+                },
             },
         },
         "workload": outcome.prompts.to_json(),

@@ -76,7 +76,7 @@ def _noise_section(outcome: TuneOutcome) -> list[str]:
     for v in outcome.result.cells:
         est = v.paired
         if est is None:
-            rows.append([str(v.concurrency), str(v.k), v.design, DASH, DASH, DASH, DASH, DASH])
+            rows.append([str(v.concurrency), str(v.k), v.design, *[DASH] * 6])
             continue
         ratios = " ".join(f"{math.exp(d):.3f}" for d in est.log_ratios)
         why = DASH
@@ -93,6 +93,7 @@ def _noise_section(outcome: TuneOutcome) -> list[str]:
                 str(v.k),
                 est.design,
                 str(est.pairs),
+                f"{est.prompts_covered}/{est.workload_prompts}" if est.workload_prompts else DASH,
                 ratios,
                 f"{est.spread:.3f}",
                 f"{est.drift_base - 1:+.1%} / {est.drift_spec - 1:+.1%}",
@@ -102,13 +103,27 @@ def _noise_section(outcome: TuneOutcome) -> list[str]:
     return [
         "## Pairs and noise per cell",
         "",
-        "Pair ratios: lhs / rhs of each speculative block against the baseline block beside it. "
-        "Spread: standard deviation of their logarithms (what the pairing did not cancel). "
+        "Pair ratios: lhs / rhs of each speculative block against the baseline block beside it; "
+        "the cell's ratio is their token-weighted mean. Prompts: distinct prompts of the "
+        "workload the pairs sent (they walk shuffled passes over it and are judged after whole "
+        "passes). Spread: standard deviation of their logarithms (the prompts' differences and "
+        "what the pairing did not cancel). "
         "Drift: each arm's last block against its first (baseline / speculative), the machine's "
         "change of speed while the cell was measured.",
         "",
         *_table(
-            ["c", "k", "design", "pairs", "pair ratios", "spread", "drift", "inconclusive"], rows
+            [
+                "c",
+                "k",
+                "design",
+                "pairs",
+                "prompts",
+                "pair ratios",
+                "spread",
+                "drift",
+                "inconclusive",
+            ],
+            rows,
         ),
     ]
 

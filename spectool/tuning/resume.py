@@ -96,7 +96,7 @@ def finished_pairs(
             return trial
 
         try:
-            out[(c, k)] = measure_paired(c, k, lookup, **options)  # type: ignore[arg-type]
+            out[(c, k)] = measure_paired(c, k, lookup, **plan.pass_options(c), **options)  # type: ignore[arg-type]
         except NotSaved:
             continue
     return out

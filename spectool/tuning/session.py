@@ -213,7 +213,8 @@ def run_tune(
                     trial = saved.get(config.key())
                     return trial if trial is not None else run_trials([config], arm, where)[0]
 
-                return keep_pairs((c, k), measure_paired(c, k, block, **options))  # type: ignore[arg-type]
+                paired_cell = measure_paired(c, k, block, **plan.pass_options(c), **options)  # type: ignore[arg-type]
+                return keep_pairs((c, k), paired_cell)
             cell = pooled_cell(run_trials(plan.configs(c, k), k, where), k)
             cells[(c, k)] = cell
             return cell

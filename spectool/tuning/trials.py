@@ -35,6 +35,29 @@ from spectool.measure.runner import TrialConfig, TrialResult
 BLOCK_WAVES = 2
 
 
+def pass_pairs(workload_prompts: int, concurrency: int) -> int:
+    """Paired blocks (:data:`BLOCK_WAVES` waves of ``concurrency``) that send every prompt."""
+    return -(-workload_prompts // (BLOCK_WAVES * concurrency))
+
+
+def pass_order(workload_prompts: int, concurrency: int, passes: int, seed: int) -> list[int]:
+    """``passes`` shuffled passes over the workload's prompts, one after the other.
+
+    Pass ``p`` is ``numpy.random.default_rng([seed, concurrency, p]).permutation(n)``: every
+    prompt once per pass, in an order that no block boundary ties to the file's order, so the
+    first blocks of a cell are a random sample of the workload, never its first prompts. The
+    order does not depend on the method or ``k``: every method's cell at a concurrency sees
+    the same prompts in the same blocks.
+    """
+    import numpy as np
+
+    order: list[int] = []
+    for p in range(passes):
+        rng = np.random.default_rng([seed, concurrency, p])
+        order.extend(int(i) for i in rng.permutation(workload_prompts))
+    return order
+
+
 @dataclass(frozen=True)
 class CellPlan:
     """How every cell of one tune run is measured (see the module docstring)."""
@@ -47,8 +70,12 @@ class CellPlan:
     max_tokens: int
     repeats: int = 1
     request: RequestOptions = field(default_factory=RequestOptions)
+    workload_prompts: int = 0  # distinct prompts a paired cell covers (0: num_prompts)
+    seed: int = 0  # the shuffles of the passes over the workload
 
     def __post_init__(self) -> None:
+        if self.workload_prompts < 0:
+            raise BadInputError("tune", "the workload has a negative number of prompts")
         if self.num_prompts < 1 or self.max_tokens < 2 or self.repeats < 1:
             raise BadInputError(
                 "tune",
@@ -69,13 +96,19 @@ class CellPlan:
         """Block ``arm`` (``k`` or 0) of pair ``pair`` of the paired cell ``(concurrency, k)``.
 
         A block is one closed-loop trial of :meth:`block_requests` requests, no warmup
-        (:data:`BLOCK_WAVES` waves; both arms of a pair send the same prompts, and the pairs
-        cycle through the workload). Labels name the cell,
-        the pair and the arm (``#p2`` for the speculative block of pair 2, ``#p2/k4`` for the
-        baseline block beside it), so a resumed run finds every block it already measured.
+        (:data:`BLOCK_WAVES` waves; both arms of a pair send the same prompts). The pairs walk
+        through shuffled passes over the whole workload (:func:`pass_order`): pair ``i`` sends
+        items ``i * n .. (i + 1) * n - 1`` of the passes laid end to end, so
+        :meth:`pass_pairs` pairs cover every prompt, and any first pairs are a random sample
+        of it. Labels name the cell, the pair and the arm (``#p2`` for the speculative block
+        of pair 2, ``#p2/k4`` for the baseline block beside it), so a resumed run finds every
+        block it already measured.
         """
         repeat = f"p{pair}" if arm == k else f"p{pair}/k{k}"
         n = self.block_requests(concurrency)
+        w = self.prompts_in_workload
+        start, end = pair * n, (pair + 1) * n
+        order = pass_order(w, concurrency, -(-end // w), self.seed)[start:end]
         return TrialConfig(
             label=self.label(arm, repeat),
             concurrency=concurrency,
@@ -84,8 +117,24 @@ class CellPlan:
             warmup_requests=0,
             workload_id=self.workload_id,
             request=self.request,
-            prompt_offset=pair * n,
+            prompt_indices=tuple(order),
         )
+
+    @property
+    def prompts_in_workload(self) -> int:
+        """The distinct prompts a paired cell covers."""
+        return self.workload_prompts or self.num_prompts
+
+    def pass_pairs(self, concurrency: int) -> int:
+        """Pairs that cover every prompt of the workload once at ``concurrency``."""
+        return pass_pairs(self.prompts_in_workload, concurrency)
+
+    def pass_options(self, concurrency: int) -> dict[str, int]:
+        """:func:`~spectool.tuning.pairing.measure_paired`'s workload arguments."""
+        return {
+            "pass_pairs": self.pass_pairs(concurrency),
+            "workload_prompts": self.prompts_in_workload,
+        }
 
     def block_requests(self, concurrency: int) -> int:
         """Measured requests of one block: :data:`BLOCK_WAVES` waves of ``concurrency``."""

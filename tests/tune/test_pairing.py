@@ -168,3 +168,110 @@ def test_a_cpu_hog_mid_cell_never_flips_the_verdict(spec_ms: float) -> None:
         ).verdict
         flips_unpaired += unpaired not in (quiet_verdict, "inconclusive")
     assert flips_unpaired > 0  # the harness does bite: without pairs the verdict flips
+
+
+# -- prompt-dependent acceptance ------------------------------------------------------------
+
+GOOD, BAD = 3, 0  # drafts accepted per step on a prompt the drafter knows / does not know
+DECODE = 16  # decode tokens per request (the first token comes from the prefill)
+
+
+class Workload:
+    """Blocks on a quiet machine whose acceptance depends on the prompt: the file's first half
+    accepts ``GOOD`` drafts per step, its second half ``BAD``. ``order`` gives each block's
+    prompts: the plan's shuffled passes, or the file's order (the design before passes)."""
+
+    def __init__(self, prompts: int, spec_ms: float, order: Callable[[int], tuple[int, ...]]):
+        self.prompts, self.spec_ms, self.order = prompts, spec_ms, order
+        self.rng = np.random.default_rng(5)
+
+    def accepted(self, prompt: int) -> int:
+        return GOOD if prompt < self.prompts // 2 else BAD
+
+    def truth(self) -> float:
+        """The workload's speculative time over its baseline time (every prompt once)."""
+        spec = sum(DECODE // (1 + self.accepted(p)) * self.spec_ms for p in range(self.prompts))
+        return spec / (self.prompts * DECODE * BASE_MS)
+
+    def block(self, pair: int, arm: int) -> TrialResult:
+        sent = self.order(pair)
+        entries, records, t = [], [], 0.0
+        for r, prompt in enumerate(sent):
+            per_step = 1 + (self.accepted(prompt) if arm else 0)
+            start = t
+            for _ in range(DECODE // per_step):
+                ms = (self.spec_ms if arm else BASE_MS) * float(self.rng.lognormal(0, 0.03))
+                t += ms / 1000
+                stats = IterationStats(
+                    timestamp=0.0, iter=len(entries), iter_latency_ms=ms, num_active_requests=1,
+                    num_queued_requests=0, num_new_active_requests=0, num_completed_requests=0,
+                    max_batch_size=8, max_num_tokens=8192, used_num_tokens=0, prefill_ms=0.0,
+                    draft_ms=0.0, verify_ms=ms, coord_ms=0.0, draft_len=arm,
+                    num_draft_tokens=arm, num_accepted_tokens=per_step - 1,
+                    num_requests_with_draft_tokens=1 if arm else 0,
+                    accepted_per_pos=tuple(1 if j < per_step - 1 else 0 for j in range(arm)),
+                    drafted_per_pos=(1,) * arm, num_decoded_requests=1,
+                )  # fmt: skip
+                entries.append(iteration_stats_json(stats))
+            records.append(
+                RequestRecord(
+                    request_id=f"r{r}",
+                    category="code",
+                    send_time_s=start,
+                    first_token_time_s=start + 0.001,
+                    chunk_times_s=(t,),
+                    chunk_token_counts=(DECODE + 1,),
+                    end_time_s=t,
+                    prompt_tokens=10,
+                    output_tokens=DECODE + 1,
+                )  # fmt: skip
+            )
+        config = TrialConfig(
+            label=f"k={arm} #p{pair}", concurrency=1, num_prompts=len(sent), prompt_indices=sent
+        )
+        return TrialResult(
+            config, tuple(records), ("usage",) * len(records),
+            tuple(parse_iteration_stats(entries)), tuple(entries), t, "",
+        )  # fmt: skip
+
+
+def test_prompt_dependent_acceptance_does_not_bias_a_cell_that_stops_early() -> None:
+    """16 prompts at concurrency 1 (two a block), half of which the drafter knows: the
+    workload's ratio is 0.81. Blocks in the file's order settled on the first half alone (0.33,
+    "pays" by far) after 4 pairs; blocks that walk shuffled passes, looked at after whole
+    passes, estimate the whole workload and say how many prompts they covered."""
+    from spectool.decide.paired import evaluate_paired
+    from spectool.tuning.trials import CellPlan
+
+    prompts, spec_ms = 16, 13.0
+    plan = CellPlan("torch", "m", "fp", "wl", num_prompts=prompts, max_tokens=DECODE + 1)
+    passes = Workload(prompts, spec_ms, lambda p: plan.block_config(1, K, p, K).prompt_indices)
+    truth = passes.truth()
+    assert truth == pytest.approx(0.8125)
+
+    cell = measure_paired(1, K, passes.block, budget_s=1e9, **plan.pass_options(1))
+    estimate = evaluate_paired(cell)
+    assert len(cell.pairs) % plan.pass_pairs(1) == 0  # stopped after whole passes
+    assert estimate.ratio == pytest.approx(truth, rel=0.05)
+    assert estimate.ci_low <= truth <= estimate.ci_high
+    assert estimate.paired.prompts_covered == estimate.paired.workload_prompts == prompts
+
+    # the same cell in the file's order, as blocks ran before passes: a prefix of the workload
+    in_order = Workload(prompts, spec_ms, lambda p: (2 * p, 2 * p + 1))
+    prefix = evaluate_paired(measure_paired(1, K, in_order.block, budget_s=1e9))
+    assert len(prefix.paired.log_ratios) == LOOK_EVERY and prefix.verdict == "pays"
+    assert prefix.ratio < 0.5 * truth and prefix.paired.prompts_covered == 8
+
+
+def test_the_first_look_waits_for_a_whole_pass_even_over_budget() -> None:
+    from spectool.tuning.pairing import look_every, looks_of, max_pairs
+    from spectool.tuning.trials import CellPlan
+
+    plan = CellPlan("torch", "m", "fp", "wl", num_prompts=20, max_tokens=DECODE + 1)
+    work = Workload(20, 13.0, lambda p: plan.block_config(1, K, p, K).prompt_indices)
+    cell = measure_paired(1, K, work.block, budget_s=0.0, **plan.pass_options(1))
+    assert len(cell.pairs) == plan.pass_pairs(1) == 10 and cell.prompts_covered == 20
+    # looks fall on whole passes; a pass shorter than LOOK_EVERY pairs is repeated to reach it
+    assert (look_every(10), max_pairs(10), looks_of(10)) == (10, 20, 2)
+    assert (look_every(3), max_pairs(3), looks_of(3)) == (6, 24, 4)
+    assert (look_every(1), max_pairs(1), looks_of(1)) == (LOOK_EVERY, MAX_PAIRS, 6)

@@ -12,7 +12,7 @@ from spectool.decide.cell import CellMeasurement
 from spectool.decide.latency import RequestRecord
 from spectool.decide.stats import cell_stats
 from spectool.errors import BadInputError
-from spectool.measure.runner import TrialResult
+from spectool.measure.runner import TrialConfig, TrialResult
 from spectool.tuning.prompts import BUILTIN, tune_prompts
 from spectool.tuning.request import (
     ENGINE_DEFAULTS,
@@ -191,13 +191,40 @@ def test_block_configs_pair_the_same_prompts_and_cycle_through_the_workload() ->
     assert base.label.endswith(f"#p2/k3 setup={plan.fingerprint}") and "none k=0" in base.label
     # two waves of the concurrency, no warmup, both arms on the same prompts
     assert (spec.num_prompts, spec.warmup_requests, spec.concurrency) == (8, 0, 4)
-    assert spec.prompt_offset == base.prompt_offset == 16
-    assert plan.block_config(4, 3, 3, 3).prompt_offset == 24
+    assert spec.prompt_indices == base.prompt_indices and len(spec.prompt_indices) == 8
     # every block is a distinct trial for resuming, and none is a cell's ordinary trial
     keys = {
         plan.block_config(4, k, i, arm).key() for k in (1, 3) for i in range(3) for arm in (0, k)
     }
     assert len(keys) == 12 and not keys & {c.key() for c in plan.configs(4, 0)}
+
+
+def test_pairs_walk_shuffled_passes_over_the_whole_workload() -> None:
+    plan = CellPlan(
+        "torch", "draft_model", "fp", "wl", num_prompts=4, max_tokens=8, workload_prompts=10
+    )
+    assert plan.pass_pairs(1) == 5 and plan.pass_pairs(2) == 3 and plan.pass_pairs(16) == 1
+    for c in (1, 2, 3):
+        sent = [
+            i
+            for p in range(3 * plan.pass_pairs(c))
+            for i in plan.block_config(c, 2, p, 2).prompt_indices
+        ]
+        passes = [sent[i : i + 10] for i in range(0, 30, 10)]
+        assert all(sorted(p) == list(range(10)) for p in passes)  # each pass: every prompt once
+        assert len({tuple(p) for p in passes}) == 3  # each pass shuffled anew
+    # the first block is not the file's first prompts, and the order is the same for every k
+    # (so methods and draft lengths compared at one concurrency see the same prompts)
+    firsts = [plan.block_config(1, k, 0, k).prompt_indices for k in (1, 4)]
+    assert firsts[0] == firsts[1]
+    assert {plan.block_config(1, 1, 0, 1).prompt_indices for _ in range(2)} == {firsts[0]}
+    assert (
+        sum(plan.block_config(1, 1, p, 1).prompt_indices == (2 * p, 2 * p + 1) for p in range(5))
+        < 5
+    )
+    # saved and read back, the indices are the same trial
+    config = plan.block_config(2, 3, 4, 0)
+    assert TrialConfig.from_dict(json.loads(config.key())).key() == config.key()
 
 
 def test_after_config_is_the_baselines_first_trial_relabelled() -> None:

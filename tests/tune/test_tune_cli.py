@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import math
 import os
 import signal
 import subprocess
@@ -193,13 +192,15 @@ def test_decision_json_is_valid_and_consistent(tuned: dict[str, Any]) -> None:
             "drift_base",
             "drift_spec",
             "looks",
+            "prompts_covered",
+            "workload_prompts",
         }
-        # the paired estimate: the geometric mean of the pairs' ratios (lhs and rhs are both
-        # arms pooled, so their quotient only approximates it)
+        # the paired estimate: the token-weighted mean of the pairs' ratios (every block has
+        # the same tokens here; lhs and rhs are both arms pooled, so their quotient only
+        # approximates it), over whole passes of the workload
         assert cell["design"] == "interleaved" and len(cell["pair_ratios"]) == cell["pairs"]
-        assert math.log(cell["ratio"]) == pytest.approx(
-            sum(math.log(r) for r in cell["pair_ratios"]) / cell["pairs"]
-        )
+        assert cell["ratio"] == pytest.approx(sum(cell["pair_ratios"]) / cell["pairs"])
+        assert cell["prompts_covered"] == cell["workload_prompts"] > 0
         assert cell["ci_low"] <= cell["ci_high"]
         expected = (
             "pays"
@@ -299,10 +300,17 @@ def test_tune_json_report_and_plots(tuned: dict[str, Any]) -> None:
             continue
         paired = verdict["paired"]
         assert verdict["design"] == paired["design"] == "interleaved"
-        assert len(paired["log_ratios"]) % 4 == 0  # looked at after every fourth pair
+        pairing = record["search"]["pairing"]["per_concurrency"][str(cell["concurrency"])]
+        # looked at after whole passes over the workload
+        assert len(paired["log_ratios"]) % pairing["look_every"] == 0
+        assert pairing["look_every"] % pairing["pass_pairs"] == 0
+        assert paired["prompts_covered"] == record["search"]["pairing"]["workload_prompts"]
         assert verdict["ci_low"] <= verdict["ratio"] <= verdict["ci_high"]
         assert paired["drift_base"] > 0 and paired["drift_spec"] > 0
-    assert record["search"]["pairing"]["max_pairs"] >= 4
+    assert all(
+        p["max_pairs"] >= 2 * p["look_every"] >= 8
+        for p in record["search"]["pairing"]["per_concurrency"].values()
+    )
     log = (out / "server.log").read_text()  # the server's own lines, not an empty file
     assert "serving " in log and "draft length set to 0" in log
     report = (out / "report.md").read_text()
