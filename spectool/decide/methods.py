@@ -10,13 +10,17 @@ A method that stays off at a concurrency runs the baseline there: ratio 1.0, no 
   no method speculates there.
 * **One method to deploy.** A ``draft_len_schedule`` switches draft lengths, never methods, so
   the deployment runs one method with its own schedule. Its score is the geometric mean of its
-  ratios over the concurrencies (off = 1.0); the lowest wins. Methods whose score is within
-  :data:`TIE_MARGIN` of the best and within ``z`` combined standard errors of it (each cell's
-  standard error read from its interval on the log scale, cells independent) are *tied* (wide
-  intervals alone do not make a 30% slower method a tie): the tie goes to the first of them in
-  the order given, which the caller sorts by what the method costs to serve (memory, moving
-  parts). A near-equal pair of methods therefore gives the same answer on every run
-  instead of the one that happened to measure faster.
+  ratios over the concurrencies (off = 1.0); the lowest estimate is the *best*.
+* **A tie is proven, never assumed** (two one-sided tests, TOST): a method is *equivalent* to
+  the best only when the interval of the ratio of their scores at level ``1 - 2 * alpha``
+  (``alpha = 1 - confidence``; each cell's standard error read from its interval on the log
+  scale, cells independent) lies within ``1 +- TIE_MARGIN``. It is *worse* when the two-sided
+  interval lies wholly above 1, and otherwise *uncertain*: wide intervals are never read as
+  equality. Serving cost breaks proven ties only: the deployed method is the first of the best
+  and its equivalents in the order given, which the caller sorts by what the method costs to
+  serve (memory, moving parts), so a proven near-equal pair gives the same answer on every run.
+  Where a rival is uncertain, the better estimate is deployed and the choice is reported as
+  uncertain, with the interval that would have had to be narrower.
 
 Pure: tune results in, a :class:`MethodChoice` out.
 """
@@ -25,15 +29,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import NormalDist
+from typing import Literal
 
 from spectool.decide.result import TuneResult
 from spectool.errors import BadInputError
 
-# Methods tie when their scores differ by less than this (relative) AND by less than their
-# combined interval: near-equal by the measurements and close enough not to matter.
+# Methods tie when the interval of the ratio of their scores lies within 1 +- this: proven
+# near-equal, close enough not to matter.
 TIE_MARGIN = 0.05
+
+Standing = Literal["best", "equivalent", "worse", "uncertain"]
 
 
 @dataclass(frozen=True)
@@ -70,12 +77,28 @@ class MethodCell:
 
 @dataclass(frozen=True)
 class MethodScore:
-    """A method's geometric-mean ratio over the concurrencies, with its standard error (log)."""
+    """A method's geometric-mean ratio over the concurrencies, with its standard error (log),
+    and how it stands against the best estimate: ``vs_best`` is its score over the best's,
+    ``vs_best_low``/``vs_best_high`` the equivalence test's interval of it (level ``1 - 2 *
+    alpha``)."""
 
     method: str
     mean_ratio: float
     log_se: float
     speculates_at: tuple[int, ...]
+    standing: Standing = "best"
+    vs_best: float = 1.0
+    vs_best_low: float = 1.0
+    vs_best_high: float = 1.0
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "mean_ratio": self.mean_ratio,
+            "log_se": self.log_se,
+            "standing": self.standing,
+            "vs_best": self.vs_best,
+            "vs_best_interval": [self.vs_best_low, self.vs_best_high],
+        }
 
 
 @dataclass(frozen=True)
@@ -88,8 +111,14 @@ class MethodChoice:
     winners: Mapping[int, str]  # concurrency -> method, or "none"
     scores: tuple[MethodScore, ...]
     chosen: str
-    tied: tuple[str, ...]  # methods not distinguishable from the best score (chosen first)
+    tied: tuple[str, ...]  # the best and the methods proven equivalent to it (chosen first)
     why: str
+    uncertain: tuple[str, ...] = ()  # neither proven equivalent to the best nor worse
+
+    @property
+    def certain(self) -> bool:
+        """Whether every method was proven equivalent to the best, or worse than it."""
+        return not self.uncertain
 
     def to_json(self) -> dict[str, object]:
         """The ``methods`` object of ``decision.json``."""
@@ -98,6 +127,8 @@ class MethodChoice:
             "chosen": self.chosen,
             "why": self.why,
             "tied": list(self.tied),
+            "uncertain": list(self.uncertain),
+            "tie_margin": TIE_MARGIN,
             "per_concurrency": [
                 {
                     "concurrency": c,
@@ -106,9 +137,7 @@ class MethodChoice:
                 }
                 for c in self.concurrencies
             ],
-            "scores": {
-                s.method: {"mean_ratio": s.mean_ratio, "log_se": s.log_se} for s in self.scores
-            },
+            "scores": {s.method: s.to_json() for s in self.scores},
         }
 
 
@@ -166,12 +195,11 @@ def choose_method(
             MethodScore(m, math.exp(mean_log), se, tuple(c.concurrency for c in row if c.k > 0))
         )
     best_score = min(scores, key=lambda s: s.mean_ratio)
-    tied = tuple(
-        s.method
-        for s in scores
-        if math.log(s.mean_ratio) - math.log(best_score.mean_ratio)
-        <= min(z * math.hypot(s.log_se, best_score.log_se), math.log1p(tie_margin))
-    )
+    scores = [
+        s if s is best_score else standing(s, best_score, confidence, tie_margin) for s in scores
+    ]
+    tied = tuple(s.method for s in scores if s.standing in ("best", "equivalent"))
+    uncertain = tuple(s.method for s in scores if s.standing == "uncertain")
     chosen = tied[0]
     return MethodChoice(
         methods=methods,
@@ -181,13 +209,41 @@ def choose_method(
         scores=tuple(scores),
         chosen=chosen,
         tied=tied,
-        why=_why(chosen, tied, scores, winners, concs),
+        why=_why(chosen, tied, uncertain, scores, winners, concs),
+        uncertain=uncertain,
+    )
+
+
+def standing(
+    score: MethodScore, best: MethodScore, confidence: float, tie_margin: float
+) -> MethodScore:
+    """``score`` against the best estimate: equivalent, worse or uncertain (module docstring)."""
+    alpha = 1.0 - confidence
+    one_sided = NormalDist().inv_cdf(1.0 - alpha)  # TOST: each side at alpha
+    two_sided = NormalDist().inv_cdf(1.0 - alpha / 2.0)
+    d = math.log(score.mean_ratio) - math.log(best.mean_ratio)
+    se = math.hypot(score.log_se, best.log_se)
+    bound = math.log1p(tie_margin)
+    low, high = d - one_sided * se, d + one_sided * se
+    if -bound <= low and high <= bound:
+        verdict: Standing = "equivalent"
+    elif d - two_sided * se > 0.0:
+        verdict = "worse"
+    else:
+        verdict = "uncertain"
+    return replace(
+        score,
+        standing=verdict,
+        vs_best=math.exp(d),
+        vs_best_low=math.exp(low),
+        vs_best_high=math.exp(high),
     )
 
 
 def _why(
     chosen: str,
     tied: Sequence[str],
+    uncertain: Sequence[str],
     scores: Sequence[MethodScore],
     winners: Mapping[int, str],
     concs: Sequence[int],
@@ -206,9 +262,24 @@ def _why(
     if won:
         text += f"; fastest at concurrency {_span(won)}"
     if len(tied) > 1:
+        proven = ", ".join(
+            f"{m} {by_method[m].vs_best_low:.3f}-{by_method[m].vs_best_high:.3f}"
+            for m in tied
+            if by_method[m].standing == "equivalent"
+        )
         text += (
-            f"; within {TIE_MARGIN:.0%} of {', '.join(m for m in tied if m != chosen)} and not "
-            f"distinguishable from it at this confidence, and the cheapest of them to serve"
+            f"; proven equivalent to the best within {TIE_MARGIN:.0%} (score ratio to the best: "
+            f"{proven}), and the cheapest of them to serve"
+        )
+    if uncertain:
+        doubt = ", ".join(
+            f"{m} {by_method[m].vs_best:.3f} ({by_method[m].vs_best_low:.3f}-"
+            f"{by_method[m].vs_best_high:.3f})"
+            for m in uncertain
+        )
+        text += (
+            f"; UNCERTAIN: neither equivalent within {TIE_MARGIN:.0%} nor proven slower: "
+            f"{doubt} of the best score; the better estimate is deployed"
         )
     return text
 

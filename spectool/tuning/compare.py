@@ -24,11 +24,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from spectool.decide.cell import CellMeasurement
-from spectool.decide.methods import MethodChoice, choose_method, rival_ratios
+from spectool.decide.methods import TIE_MARGIN, MethodChoice, choose_method, rival_ratios
 from spectool.errors import BadInputError, OutputExistsError
 from spectool.io import atomic_write_text
 from spectool.methods import serving_cost_rank
 from spectool.tuning.outcome import CellKey, TuneOutcome
+from spectool.tuning.report import DASH
 from spectool.tuning.request import ResolvedTune, TuneRequest, resolve
 from spectool.tuning.setup import REPORT_NAME, has_results
 
@@ -212,8 +213,14 @@ def comparison_markdown(outcomes: Sequence[TuneOutcome], choice: MethodChoice) -
         f"**Deployed: {choice.chosen}.** A schedule switches draft lengths, not methods, so one "
         f"method is deployed with its own schedule. {choice.why}.",
         "",
-        "| method | geometric-mean ratio | speculates at | cells | run (s) | report |",
-        "|---|---:|---|---:|---:|---|",
+        "Against the best estimate, each method's score ratio with its interval at the "
+        "equivalence test's level: *equivalent* when the interval lies within "
+        f"1 +- {TIE_MARGIN:.0%} (a proven tie: the cheapest to serve is deployed), *worse* when "
+        "the method is proven slower, *uncertain* otherwise (never read as a tie).",
+        "",
+        "| method | geometric-mean ratio | vs best | standing | speculates at | cells | run (s) "
+        "| report |",
+        "|---|---:|---|---|---|---:|---:|---|",
     ]
     scores = {s.method: s for s in choice.scores}
     for o in outcomes:
@@ -221,9 +228,14 @@ def comparison_markdown(outcomes: Sequence[TuneOutcome], choice: MethodChoice) -
         s = scores[m]
         at = ", ".join(map(str, s.speculates_at)) or "nowhere"
         cells = len(o.result.measured_now) + len(o.result.reused)
+        vs = (
+            DASH
+            if s.standing == "best"
+            else f"{s.vs_best:.3f} ({s.vs_best_low:.3f}-{s.vs_best_high:.3f})"
+        )
         lines.append(
-            f"| {m} | {s.mean_ratio:.3f} | {at} | {cells} | {o.wall_s:.0f} | "
-            f"[{m}/report.md]({m}/report.md) |"
+            f"| {m} | {s.mean_ratio:.3f} | {vs} | {s.standing} | {at} | {cells} | "
+            f"{o.wall_s:.0f} | [{m}/report.md]({m}/report.md) |"
         )
     notes = [f"{o.resolved.method}: {n}" for o in outcomes for n in o.result.notes if "rival" in n]
     if notes:

@@ -68,7 +68,7 @@ def test_equal_methods_tie_and_the_cheaper_one_is_deployed_every_time() -> None:
         choice = choose_method(order)
         assert set(choice.tied) == {"eagle3", "draft_model"}
         assert choice.chosen == order[0].method
-        assert "not distinguishable" in choice.why
+        assert "proven equivalent" in choice.why and choice.certain
 
 
 def test_a_rival_prunes_the_cells_predicted_to_lose() -> None:
@@ -126,3 +126,48 @@ def test_wide_intervals_alone_do_not_tie_a_clearly_slower_method() -> None:
     assert choose_method(results, tie_margin=1e9).chosen == "ngram"
     # ... but a method more than 5% slower is not a tie.
     assert choose_method(results).chosen == "eagle3"
+
+
+def _scaled(result, method: str, factor: float, width: float):  # noqa: ANN202
+    """``result`` as another method whose ratios are ``factor`` times as large, each cell's
+    interval ``width`` times its ratio either way."""
+    cells = tuple(
+        replace(
+            v,
+            ratio=v.ratio * factor,
+            ci_low=v.ratio * factor / width,
+            ci_high=v.ratio * factor * width,
+        )
+        for v in result.cells
+    )
+    return replace(result, method=method, cells=cells)
+
+
+def test_wide_intervals_do_not_prove_a_tie_the_better_estimate_is_deployed_as_uncertain() -> None:
+    """The issue's case: ngram 1.2% slower than the draft model by the estimates, each cell's
+    interval about 0.5x-2x wide. Read as a tie, the cheaper ngram was deployed; unproven, the
+    better estimate is, and the choice says it is uncertain and by how much."""
+    base, _ = _run(STRONG, "draft_model")
+    ngram = _scaled(base, "ngram", 1.012, 1.9)
+    draft = _scaled(base, "draft_model", 1.0, 1.9)
+    choice = choose_method([ngram, draft])  # ngram first: the cheaper to serve
+    assert choice.chosen == "draft_model" and choice.tied == ("draft_model",)
+    assert choice.uncertain == ("ngram",) and not choice.certain
+    assert "UNCERTAIN" in choice.why
+    scores = {s.method: s for s in choice.scores}
+    assert scores["ngram"].standing == "uncertain"
+    assert scores["ngram"].vs_best_low < 1 / 1.05 and scores["ngram"].vs_best_high > 1.05
+    data = json.loads(json.dumps(choice.to_json()))
+    assert data["uncertain"] == ["ngram"] and data["scores"]["ngram"]["standing"] == "uncertain"
+    # narrow intervals prove the same 1.2% a tie: the cheaper method is deployed
+    tight = choose_method(
+        [_scaled(base, "ngram", 1.012, 1.02), _scaled(base, "draft_model", 1.0, 1.02)]
+    )
+    assert tight.chosen == "ngram" and set(tight.tied) == {"ngram", "draft_model"}
+    assert tight.certain
+    # and a 20% gap with narrow intervals is proven worse
+    worse = choose_method(
+        [_scaled(base, "ngram", 1.2, 1.02), _scaled(base, "draft_model", 1.0, 1.02)]
+    )
+    assert worse.chosen == "draft_model" and worse.certain
+    assert {s.method: s.standing for s in worse.scores}["ngram"] == "worse"
