@@ -89,6 +89,12 @@ from spectool.errors import BadInputError
 
 MeasureFn = Callable[[int, int], "CellMeasurement | PairedCell"]
 
+# How wrong a prediction may be: a method predicted to lose to a rival by less than this is
+# measured, not pruned. The step-cost predictor's worst measured error on the embedded engine
+# (README, "Predict before you rent", accuracy: predicted vs measured spec/base ms per token
+# within +-20% in all 16 cells of two runs, worst -18.5%).
+PRUNE_MARGIN = 0.20
+
 __all__ = ["MeasureFn", "TuneResult", "tune"]
 
 
@@ -114,6 +120,7 @@ def tune(
     measure_after: Callable[[int], CellMeasurement] | None = None,
     rival: Mapping[int, float] | None = None,
     prior_step: Callable[[float, int], float] | None = None,
+    prune_margin: float = PRUNE_MARGIN,
 ) -> TuneResult:
     """Search draft lengths ``0..max_draft_len`` at ``concurrencies``; see the module docstring.
 
@@ -216,7 +223,7 @@ def tune(
             p for p in predictions if 0 < p.k <= k1 and (p.concurrency != concs[0] or p.k == k1)
         ]
         if rival:
-            writable, pruned = _against_rival(writable, rival, close_margin)
+            writable, pruned = _against_rival(writable, rival, close_margin, prune_margin)
             notes += pruned
         wanted = confirmation_cells(writable, close_margin, measured=set(plan))
         for key in server_order(wanted, last_k=plan[-1][1]):
@@ -306,6 +313,7 @@ def tune(
             f"best measured draft lengths {uncapped} exceed the smallest concurrency's; a "
             f"draft_len_schedule cannot, so the best writable set was chosen: {choices}"
         )
+    notes += _unmeasured_k_margins(predictions, verdicts, choices, prune_margin)
     by_key = {(p.concurrency, p.k): p for p in predictions}
     checks = tuple(
         PredictionCheck(v.concurrency, v.k, p.ratio, v.ratio, v.ci_low, v.ci_high)
@@ -335,10 +343,14 @@ def tune(
 
 
 def _against_rival(
-    predictions: Sequence[CellPrediction], rival: Mapping[int, float], close_margin: float
+    predictions: Sequence[CellPrediction],
+    rival: Mapping[int, float],
+    close_margin: float,
+    prune_margin: float,
 ) -> tuple[list[CellPrediction], list[str]]:
     """The predictions worth confirming against a rival method, and a note per concurrency
-    where none is: its best prediction is more than ``close_margin`` above the rival's ratio."""
+    where none is (its best prediction is more than ``prune_margin``, the predictor's measured
+    error, above the rival's ratio) or where one is kept only because of that error."""
     kept: list[CellPrediction] = []
     notes: list[str] = []
     for c in sorted({p.concurrency for p in predictions}):
@@ -347,15 +359,54 @@ def _against_rival(
         if bar is None:
             kept += at_c
             continue
-        near = [p for p in at_c if p.ratio <= bar * (1.0 + close_margin)]
+        best = min(at_c, key=lambda p: p.ratio)
+        gap = best.ratio / bar - 1.0
+        near = [p for p in at_c if p.ratio <= bar * (1.0 + max(close_margin, prune_margin))]
         kept += near
         if not near:
-            best = min(at_c, key=lambda p: p.ratio)
             notes.append(
                 f"concurrency {c}: not confirmed, predicted best k={best.k} ratio "
-                f"{best.ratio:.3f} against {bar:.3f} measured for a rival method"
+                f"{best.ratio:.3f} against {bar:.3f} measured for a rival method; the "
+                f"prediction would have to be {gap:.0%} too high to change that (the "
+                f"predictor's measured error: up to {prune_margin:.0%})"
+            )
+        elif gap > close_margin:
+            notes.append(
+                f"concurrency {c}: measured though predicted {gap:.0%} behind a rival method "
+                f"(k={best.k} {best.ratio:.3f} against {bar:.3f}): within the predictor's "
+                f"measured error of {prune_margin:.0%}"
             )
     return kept, notes
+
+
+def _unmeasured_k_margins(
+    predictions: Sequence[CellPrediction],
+    verdicts: Sequence[CellVerdict],
+    choices: Mapping[int, int],
+    prune_margin: float,
+) -> list[str]:
+    """One note on the draft lengths left to prediction: per concurrency, the unmeasured ``k``
+    predicted closest to the chosen cell's measured ratio (1.0 when off), and by how much the
+    prediction would have to be wrong to beat it."""
+    measured = {(v.concurrency, v.k): v for v in verdicts}
+    parts, close = [], 0
+    for c, k_chosen in sorted(choices.items()):
+        chosen = measured[(c, k_chosen)].ratio if k_chosen > 0 else 1.0
+        others = [p for p in predictions if p.concurrency == c and (c, p.k) not in measured]
+        if not others:
+            continue
+        best = min(others, key=lambda p: p.ratio)
+        gap = best.ratio / chosen - 1.0
+        close += gap < prune_margin
+        parts.append(f"c={c}: k={best.k} predicted {best.ratio:.3f}, {gap:+.0%}")
+    if not parts:
+        return []
+    return [
+        "draft lengths left to prediction, the closest per concurrency against the chosen "
+        f"cell's measured ratio (off: 1.0): {'; '.join(parts)}. A prediction that much too "
+        f"high would change the choice; {close} of {len(parts)} lie within the predictor's "
+        f"measured error of {prune_margin:.0%}"
+    ]
 
 
 def _prior_observations(
