@@ -402,6 +402,7 @@ def _run(
 ) -> TuneOutcome | MethodsOutcome:
     """One method: its run. Several: every method's run in its folder, then the comparison."""
     from spectool.tuning.compare import resolve_all, run_methods
+    from spectool.tuning.duel import run_duel
     from spectool.tuning.request import resolve
     from spectool.tuning.session import run_tune
 
@@ -414,6 +415,13 @@ def _run(
             r, progress=progress, should_stop=stop, rival=rival, baselines=baselines
         ),
         on_message=None if progress is None else progress.on_message,
+        duel=lambda a, b, concs: run_duel(
+            a,
+            b,
+            concs,
+            on_message=None if progress is None else progress.on_message,
+            should_stop=stop,
+        ),
     )
 
 

@@ -21,6 +21,11 @@ A method that stays off at a concurrency runs the baseline there: ratio 1.0, no 
   serve (memory, moving parts), so a proven near-equal pair gives the same answer on every run.
   Where a rival is uncertain, the better estimate is deployed and the choice is reported as
   uncertain, with the interval that would have had to be narrower.
+* **Head to head.** Each method's ratios come from its own window. Where the closest rival of
+  the best estimate is not proven slower (:func:`closest_rival`), the caller measures the two
+  head to head (:mod:`spectool.decide.duel`: both chosen cells alternating in the same window,
+  on the same prompts); at each concurrency it covers, the head-to-head ratio replaces the two
+  independent cells in their comparison, and may show the runner-up to be the faster one.
 
 Pure: tune results in, a :class:`MethodChoice` out.
 """
@@ -33,6 +38,8 @@ from dataclasses import dataclass, replace
 from statistics import NormalDist
 from typing import Literal
 
+from spectool.decide.duel import DuelEstimate
+from spectool.decide.duel import quantiles as duel_quantiles
 from spectool.decide.result import TuneResult
 from spectool.errors import BadInputError
 
@@ -114,6 +121,12 @@ class MethodChoice:
     tied: tuple[str, ...]  # the best and the methods proven equivalent to it (chosen first)
     why: str
     uncertain: tuple[str, ...] = ()  # neither proven equivalent to the best nor worse
+    duel: tuple[DuelEstimate, ...] = ()  # head-to-head estimates the comparison used
+
+    @property
+    def chosen_estimate(self) -> str:
+        """The method with the best estimate (the deployed one may be a cheaper equivalent)."""
+        return next(s.method for s in self.scores if s.standing == "best")
 
     @property
     def certain(self) -> bool:
@@ -138,6 +151,7 @@ class MethodChoice:
                 for c in self.concurrencies
             ],
             "scores": {s.method: s.to_json() for s in self.scores},
+            "head_to_head": [est.to_json() for est in self.duel],
         }
 
 
@@ -168,9 +182,18 @@ def rival_ratios(results: Sequence[TuneResult]) -> dict[int, float]:
 
 
 def choose_method(
-    results: Sequence[TuneResult], *, confidence: float = 0.95, tie_margin: float = TIE_MARGIN
+    results: Sequence[TuneResult],
+    *,
+    confidence: float = 0.95,
+    tie_margin: float = TIE_MARGIN,
+    duel: Sequence[DuelEstimate] = (),
 ) -> MethodChoice:
-    """Compare the methods' searches (in the caller's order of preference); module docstring."""
+    """Compare the methods' searches (in the caller's order of preference); module docstring.
+
+    ``duel``: head-to-head estimates of two of the methods at some concurrencies
+    (:mod:`spectool.decide.duel`); where one covers a concurrency at both methods' chosen
+    draft lengths, it replaces the two cells' independent ratios in their comparison.
+    """
     if not results:
         raise BadInputError("tune", "no method was tuned")
     methods = tuple(r.method for r in results)
@@ -194,9 +217,32 @@ def choose_method(
         scores.append(
             MethodScore(m, math.exp(mean_log), se, tuple(c.concurrency for c in row if c.k > 0))
         )
+
+    def gap(m: str, ref: str) -> tuple[float, float]:
+        """``log(score_m / score_ref)`` and its standard error (head to head where measured)."""
+        d_sum, var = 0.0, 0.0
+        for c in concs:
+            cm, cr = cells[m][c], cells[ref][c]
+            head = _duel_at(duel, c, (m, cm.k), (ref, cr.k))
+            if head is not None:
+                sign, est = head
+                _, two = duel_quantiles(est.pairs, confidence)
+                d_sum += sign * math.log(est.ratio)
+                var += (est.log_se * two / z) ** 2
+            else:
+                d_sum += math.log(cm.ratio) - math.log(cr.ratio)
+                var += cm.log_se(z) ** 2 + cr.log_se(z) ** 2
+        return d_sum / len(concs), math.sqrt(var) / len(concs)
+
     best_score = min(scores, key=lambda s: s.mean_ratio)
+    for s in scores:  # head to head, the runner-up may turn out the faster one
+        if s is not best_score and gap(s.method, best_score.method)[0] < 0.0:
+            best_score = s
     scores = [
-        s if s is best_score else standing(s, best_score, confidence, tie_margin) for s in scores
+        s
+        if s is best_score
+        else standing(s, *gap(s.method, best_score.method), confidence, tie_margin)
+        for s in scores
     ]
     tied = tuple(s.method for s in scores if s.standing in ("best", "equivalent"))
     uncertain = tuple(s.method for s in scores if s.standing == "uncertain")
@@ -211,18 +257,47 @@ def choose_method(
         tied=tied,
         why=_why(chosen, tied, uncertain, scores, winners, concs),
         uncertain=uncertain,
+        duel=tuple(duel),
     )
 
 
+def closest_rival(choice: MethodChoice) -> str | None:
+    """The method closest to the best estimate that is not proven slower (None: every other
+    method is proven slower, or there is none): the one worth measuring head to head."""
+    open_ = [s for s in choice.scores if s.standing in ("equivalent", "uncertain")]
+    if not open_ or choice.duel:
+        return None
+    return min(open_, key=lambda s: s.vs_best).method
+
+
+def _duel_at(
+    duel: Sequence[DuelEstimate], c: int, m: tuple[str, int], ref: tuple[str, int]
+) -> tuple[int, DuelEstimate] | None:
+    """The head-to-head estimate of ``m`` and ``ref`` (method, chosen k) at ``c``, with the
+    sign that turns its log ratio into ``log(m / ref)``; None where none was measured."""
+    for est in duel:
+        if est.concurrency != c:
+            continue
+        sides = tuple(zip(est.methods, est.ks, strict=True))
+        if sides == (m, ref):
+            return 1, est
+        if sides == (ref, m):
+            return -1, est
+    return None
+
+
 def standing(
-    score: MethodScore, best: MethodScore, confidence: float, tie_margin: float
+    score: MethodScore,
+    d: float,
+    se: float,
+    confidence: float,
+    tie_margin: float,
 ) -> MethodScore:
-    """``score`` against the best estimate: equivalent, worse or uncertain (module docstring)."""
+    """``score`` against the best estimate, ``d = log(score / best)`` with standard error
+    ``se``: equivalent, worse or uncertain (module docstring)."""
     alpha = 1.0 - confidence
     one_sided = NormalDist().inv_cdf(1.0 - alpha)  # TOST: each side at alpha
     two_sided = NormalDist().inv_cdf(1.0 - alpha / 2.0)
-    d = math.log(score.mean_ratio) - math.log(best.mean_ratio)
-    se = math.hypot(score.log_se, best.log_se)
     bound = math.log1p(tie_margin)
     low, high = d - one_sided * se, d + one_sided * se
     if -bound <= low and high <= bound:

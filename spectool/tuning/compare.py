@@ -24,7 +24,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from spectool.decide.cell import CellMeasurement
-from spectool.decide.methods import TIE_MARGIN, MethodChoice, choose_method, rival_ratios
+from spectool.decide.duel import DuelEstimate
+from spectool.decide.methods import (
+    TIE_MARGIN,
+    MethodChoice,
+    choose_method,
+    closest_rival,
+    rival_ratios,
+)
 from spectool.errors import BadInputError, OutputExistsError
 from spectool.io import atomic_write_text
 from spectool.methods import serving_cost_rank
@@ -34,6 +41,7 @@ from spectool.tuning.request import ResolvedTune, TuneRequest, resolve
 from spectool.tuning.setup import REPORT_NAME, has_results
 
 DEFAULT_PROFILE = "demo"
+DuelFn = Callable[[TuneOutcome, TuneOutcome, Sequence[int]], Sequence[DuelEstimate]]
 COMPARISON_NAME = "methods.json"
 
 
@@ -107,10 +115,13 @@ def run_methods(
     ],
     *,
     on_message: Callable[[str], None] | None = None,
+    duel: DuelFn | None = None,
 ) -> MethodsOutcome:
     """Run ``run(resolved, rival, baselines)`` per method in order (``baselines``: the first
     method's ``k = 0`` cells, the same target on the same engine and settings), then choose and
-    write DIR's files."""
+    write DIR's files. ``duel(a, b, concurrencies)``: head-to-head estimates of two methods'
+    chosen cells (:mod:`spectool.tuning.duel`), run when the closest rival of the best method
+    is not proven slower; the choice then rests on them."""
     import time
 
     started = time.perf_counter()
@@ -129,7 +140,17 @@ def run_methods(
         outcomes.append(run(r, rival, baselines))
     # ties go to the method that costs least to serve (spectool.methods)
     by_cost = sorted(outcomes, key=lambda o: serving_cost_rank(o.resolved.method))
-    choice = choose_method([o.result for o in by_cost], confidence=resolved[0].request.confidence)
+    confidence = resolved[0].request.confidence
+    choice = choose_method([o.result for o in by_cost], confidence=confidence)
+    rival = closest_rival(choice)
+    if duel is not None and rival is not None:
+        best = next(o for o in outcomes if o.resolved.method == choice.chosen_estimate)
+        other = next(o for o in outcomes if o.resolved.method == rival)
+        estimates = duel(best, other, list(choice.concurrencies))
+        if estimates:
+            choice = choose_method(
+                [o.result for o in by_cost], confidence=confidence, duel=estimates
+            )
     top = outcomes[0].out.parent
     files = write_comparison(outcomes, choice, top)
     if on_message is not None:
@@ -237,6 +258,22 @@ def comparison_markdown(outcomes: Sequence[TuneOutcome], choice: MethodChoice) -
             f"| {m} | {s.mean_ratio:.3f} | {vs} | {s.standing} | {at} | {cells} | "
             f"{o.wall_s:.0f} | [{m}/report.md]({m}/report.md) |"
         )
+    if choice.duel:
+        lines += [
+            "",
+            "Head to head (both methods' servers up, blocks alternating on the same prompts; "
+            "ratio: the first method's time per token over the second's, token-weighted mean "
+            "of the pairs, with its standard error):",
+            "",
+            "| concurrency | methods | k | ratio | log se | pairs | prompts |",
+            "|---:|---|---|---:|---:|---:|---|",
+        ]
+        for est in choice.duel:
+            lines.append(
+                f"| {est.concurrency} | {est.methods[0]} / {est.methods[1]} | "
+                f"{est.ks[0]} / {est.ks[1]} | {est.ratio:.3f} | {est.log_se:.3f} | "
+                f"{est.pairs} | {est.prompts_covered}/{est.workload_prompts} |"
+            )
     notes = [f"{o.resolved.method}: {n}" for o in outcomes for n in o.result.notes if "rival" in n]
     if notes:
         lines += ["", "Pruned by prediction (not confirmed):", ""]

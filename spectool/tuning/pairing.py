@@ -92,7 +92,7 @@ def measure_paired(
             trial = block(i, arm)
             spent += trial.wall_time_s
             got[arm] = pooled_cell([trial], arm)
-            sent.update(_prompts_sent(trial))
+            sent.update(prompts_sent(trial))
         pairs.append(BlockPair(got[k], got[0], spec_first=spec_first))
         if len(pairs) % every:
             continue
@@ -104,7 +104,7 @@ def measure_paired(
     return done
 
 
-def _prompts_sent(trial: TrialResult) -> set[int]:
+def prompts_sent(trial: TrialResult) -> set[int]:
     """The workload indices of the prompts a block sent (its measured requests)."""
     config = trial.config
     order = config.prompt_indices
