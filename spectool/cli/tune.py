@@ -39,6 +39,7 @@ from spectool.cli.options import (
     TrtllmVersionOpt,
     TrustRemoteCodeOpt,
 )
+from spectool.decide.verdict import DEFAULT_OBJECTIVE
 
 if TYPE_CHECKING:
     from spectool.measure.client import StreamResult
@@ -116,6 +117,15 @@ BudgetOpt = Annotated[
         "--budget",
         help="Seconds of measuring per speculative cell: paired blocks are added until the "
         "cell is settled or this is spent (then it is inconclusive).",
+    ),
+]
+ObjectiveOpt = Annotated[
+    str,
+    typer.Option(
+        "--objective",
+        help="What decides, paired per cell from the client's records of both arms: tpot "
+        "(time per output token after the first, what each user feels), e2e (request latency), "
+        "ttft, throughput, or steps (the engine's decode steps, the cost inequality).",
     ),
 ]
 MinGainOpt = Annotated[
@@ -306,6 +316,7 @@ def tune(
     seed: SeedOpt = 0,
     min_gain: MinGainOpt = 0.0,
     budget: BudgetOpt = 30.0,
+    objective: ObjectiveOpt = DEFAULT_OBJECTIVE,
     trust_remote_code: TrustRemoteCodeOpt = False,
     predict_only: PredictOnlyOpt = False,
     acceptance_length: AcceptanceLengthOpt = None,
@@ -351,6 +362,7 @@ def tune(
         seed=seed,
         min_gain=min_gain,
         budget_s=budget,
+        objective=objective,
     )
     acceptance = (acceptance_length, acceptance_rate, acceptance_from)
     if predict_only:

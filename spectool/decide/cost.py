@@ -64,6 +64,28 @@ def request_terms(records: Sequence[RequestRecord]) -> tuple[np.ndarray, np.ndar
     return num, den
 
 
+def source_terms(cell: CellMeasurement, source: Source) -> tuple[np.ndarray, np.ndarray]:
+    """``cell``'s per-unit numerator (ms) and denominator for ``source`` (see
+    :data:`~spectool.decide.verdict.Source`): iterations and tokens, requests' decode time and
+    decode tokens, their latency or first-token time and 1 each, their latency and output
+    tokens."""
+    if source == "iterations":
+        return iteration_terms(cell.iterations)
+    if source == "requests":
+        return request_terms(cell.records)
+    used = usable_requests(cell.records)
+    if source == "e2e":
+        num = [r.e2e_s * MS_PER_S for r in used]
+        den = [1.0] * len(used)
+    elif source == "ttft":
+        num = [r.ttft_s * MS_PER_S for r in used]  # type: ignore[operator]
+        den = [1.0] * len(used)
+    else:
+        num = [r.e2e_s * MS_PER_S for r in used]
+        den = [float(r.output_tokens) for r in used]
+    return np.array(num, dtype=float), np.array(den, dtype=float)
+
+
 def usable_requests(records: Sequence[RequestRecord]) -> list[RequestRecord]:
     """The requests the client path counts: successful, timed to the first token, and with at
     least two output tokens (so there is a decode time per token after the first)."""
@@ -183,13 +205,11 @@ def evaluate_cell(
         raise BadInputError(where, f"baseline was measured at concurrency {base.concurrency}")
     if source is None:
         source = "iterations" if spec.iterations and base.iterations else "requests"
+    spec_num, spec_den = source_terms(spec, source)
+    base_num, base_den = source_terms(base, source)
     if source == "iterations":
-        spec_num, spec_den = iteration_terms(spec.iterations)
-        base_num, base_den = iteration_terms(base.iterations)
         spec_block, base_block = default_block_len(spec_num.size), default_block_len(base_num.size)
     else:
-        spec_num, spec_den = request_terms(spec.records)
-        base_num, base_den = request_terms(base.records)
         spec_block = base_block = 1
     if spec_num.size < 2 or base_num.size < 2:
         raise BadInputError(

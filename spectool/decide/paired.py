@@ -48,11 +48,17 @@ from spectool.decide.cost import (
     bootstrap_ratio_ci,
     cell_verdict,
     default_block_len,
-    iteration_terms,
-    request_terms,
     resampled_sums,
+    source_terms,
 )
-from spectool.decide.verdict import CellVerdict, Design, PairedEstimate, Source, verdict_for
+from spectool.decide.verdict import (
+    OBJECTIVES,
+    CellVerdict,
+    Design,
+    PairedEstimate,
+    Source,
+    verdict_for,
+)
 from spectool.errors import BadInputError
 
 MIN_PAIRS = 2
@@ -84,6 +90,7 @@ class PairedCell:
     pairs: tuple[BlockPair, ...]
     design: Design = "interleaved"
     looks: int = 0  # how often the stopping rule may look at it (0: the caller says)
+    objective: str = "steps"  # what the pairs compare (spectool.decide.verdict.OBJECTIVES)
     prompts_covered: int = 0  # distinct prompts its blocks sent (0: not recorded)
     workload_prompts: int = 0  # prompts in the workload (0: not recorded)
 
@@ -110,22 +117,24 @@ class PairedCell:
 
 
 def _terms(spec: CellMeasurement, base: CellMeasurement, source: Source) -> tuple[np.ndarray, ...]:
-    if source == "iterations":
-        return (*iteration_terms(spec.iterations), *iteration_terms(base.iterations))
-    return (*request_terms(spec.records), *request_terms(base.records))
+    return (*source_terms(spec, source), *source_terms(base, source))
 
 
-def pair_source(pairs: Sequence[BlockPair]) -> Source:
-    """Iterations when every block has them, else requests."""
+def pair_source(pairs: Sequence[BlockPair], objective: str = "steps") -> Source:
+    """What ``objective`` compares (:data:`~spectool.decide.verdict.OBJECTIVES`); for
+    ``steps``, iterations when every block has them, else requests."""
+    if objective not in OBJECTIVES:
+        raise BadInputError("--objective", f"unknown objective {objective!r}")
+    fixed = OBJECTIVES[objective]
+    if fixed is not None:
+        return fixed
     if all(p.spec.iterations and p.base.iterations for p in pairs):
         return "iterations"
     return "requests"
 
 
 def _ms_per_token(cell: CellMeasurement, source: Source) -> float:
-    num, den = (
-        iteration_terms(cell.iterations) if source == "iterations" else request_terms(cell.records)
-    )
+    num, den = source_terms(cell, source)
     if den.size == 0 or den.sum() <= 0:
         raise BadInputError(
             f"block (concurrency={cell.concurrency}, k={cell.k})", f"no {source} to measure"
@@ -179,7 +188,7 @@ def paired_estimate(
             "paired estimate", f"need 0 < confidence < 1 and looks >= 1, got {confidence}, {looks}"
         )
     looks = cell.looks or looks
-    source = pair_source(cell.pairs)
+    source = pair_source(cell.pairs, cell.objective)
     rng = np.random.default_rng([seed, c, k, 7])
     logs, variances, tokens = zip(
         *(_log_ratio_and_var(p, source, rng) for p in cell.pairs), strict=True
@@ -245,14 +254,18 @@ def bracketed_estimate(
     confidence: float = 0.95,
     n_boot: int = 1000,
     seed: int = 0,
+    objective: str = "steps",
 ) -> PairedEstimate:
     """``spec`` against baselines measured before and after it (a restart per draft length).
 
     The ratio is taken against both baselines pooled; the interval spans the bootstrap
     intervals against each one alone, so a baseline that moved between the two brackets widens
-    it by as much as it moved.
+    it by as much as it moved. ``objective``: what is compared (see :func:`pair_source`).
     """
-    source: Source = (
+    fixed = OBJECTIVES.get(objective, "missing")
+    if fixed == "missing":
+        raise BadInputError("--objective", f"unknown objective {objective!r}")
+    source: Source = fixed or (  # type: ignore[assignment]
         "iterations" if spec.iterations and before.iterations and after.iterations else "requests"
     )
     rng = np.random.default_rng([seed, spec.concurrency, spec.k, 11])

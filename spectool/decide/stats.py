@@ -121,12 +121,19 @@ def cell_stats(
 
 
 STEP_VS_CLIENT = 0.10  # client and engine figures that differ by more than this get a note
+_SOURCE_WORDS = {
+    "requests": "time per output token",
+    "e2e": "request latency",
+    "ttft": "time to first token",
+    "throughput": "request time per output token",
+}
 
 
 def stall_notes(
     choices: Mapping[int, int],
     verdicts: Sequence[CellVerdict],
     stats: Mapping[tuple[int, int], CellStats],
+    step_ratios: Mapping[tuple[int, int], float] | None = None,
 ) -> list[str]:
     """Notes for chosen cells where the engine's decode steps and the users' time per output
     token disagree by more than :data:`STEP_VS_CLIENT` (10%), with both numbers and the cause.
@@ -138,12 +145,27 @@ def stall_notes(
     and long prompts at high concurrency users gain less than the steps show. On the demo pair
     both sources agree within 10% where nothing arrives mid-decode (concurrency 1, or one
     synchronized wave); see the README's "Client, server and engine".
+
+    Where a users' metric decided (the verdict compares the client's records, not iterations),
+    ``step_ratios`` (per cell, the decode steps' ratio) explains it instead: the note gives the
+    users' ratio that decided and the steps' ratio beside it.
     """
     by_key = {(v.concurrency, v.k): v for v in verdicts}
     notes = []
     for c, k in sorted(choices.items()):
         verdict, spec, base = by_key.get((c, k)), stats.get((c, k)), stats.get((c, 0))
         if k == 0 or verdict is None or spec is None or base is None:
+            continue
+        if verdict.source != "iterations":
+            steps = (step_ratios or {}).get((c, k))
+            if steps is not None and abs(verdict.ratio / steps - 1.0) > STEP_VS_CLIENT:
+                notes.append(
+                    f"concurrency {c}, k={k}: users' {_SOURCE_WORDS[verdict.source]} (what "
+                    f"decided) is {verdict.ratio:.2f} of the baseline's, decode steps alone cost "
+                    f"{steps:.2f} per token: the difference is time outside decode steps "
+                    "(prefills of arriving requests, queueing), which speculation does not "
+                    "shorten"
+                )
             continue
         tpot_ratio = spec.ms_per_token.value / base.ms_per_token.value
         if abs(tpot_ratio / verdict.ratio - 1.0) > STEP_VS_CLIENT:

@@ -84,7 +84,7 @@ from spectool.decide.search import (
     server_order,
     speculative_batches,
 )
-from spectool.decide.verdict import CellVerdict
+from spectool.decide.verdict import OBJECTIVES, CellVerdict
 from spectool.errors import BadInputError
 
 MeasureFn = Callable[[int, int], "CellMeasurement | PairedCell"]
@@ -121,6 +121,7 @@ def tune(
     rival: Mapping[int, float] | None = None,
     prior_step: Callable[[float, int], float] | None = None,
     prune_margin: float = PRUNE_MARGIN,
+    objective: str = "steps",
 ) -> TuneResult:
     """Search draft lengths ``0..max_draft_len`` at ``concurrencies``; see the module docstring.
 
@@ -248,7 +249,13 @@ def tune(
             )
         if c in after:
             estimate = bracketed_estimate(
-                cell, cells[(c, 0)], after[c], confidence=confidence, n_boot=n_boot, seed=seed
+                cell,
+                cells[(c, 0)],
+                after[c],
+                confidence=confidence,
+                n_boot=n_boot,
+                seed=seed,
+                objective=objective,
             )
             return verdict_from_estimate(
                 cell, cells[(c, 0)], estimate, alphas=alphas.get(c), n_boot=n_boot
@@ -260,6 +267,7 @@ def tune(
             n_boot=n_boot,
             confidence=confidence,
             seed=seed,
+            source=OBJECTIVES[objective],
         )
 
     def decide() -> tuple[tuple[CellVerdict, ...], dict[int, int], dict[int, int]]:
@@ -392,7 +400,9 @@ def _unmeasured_k_margins(
     parts, close = [], 0
     for c, k_chosen in sorted(choices.items()):
         chosen = measured[(c, k_chosen)].ratio if k_chosen > 0 else 1.0
-        others = [p for p in predictions if p.concurrency == c and (c, p.k) not in measured]
+        others = [
+            p for p in predictions if p.concurrency == c and p.k > 0 and (c, p.k) not in measured
+        ]
         if not others:
             continue
         best = min(others, key=lambda p: p.ratio)

@@ -10,7 +10,22 @@ from dataclasses import dataclass
 from typing import Literal
 
 Verdict = Literal["pays", "does_not_pay", "inconclusive"]
-Source = Literal["iterations", "requests"]
+# What a ratio compares: the engine's decode steps (``iterations``), or the client's records
+# of the requests: time per output token after the first (``requests``, the users' TPOT),
+# request latency (``e2e``), time to the first token (``ttft``), or request time per output
+# token (``throughput``: in a closed loop throughput is concurrency x tokens / request time).
+Source = Literal["iterations", "requests", "e2e", "ttft", "throughput"]
+
+# tune's --objective: the users' metric that decides, and the source it compares
+# (``steps``: the engine's decode steps where both blocks have them, else the requests).
+OBJECTIVES: dict[str, Source | None] = {
+    "tpot": "requests",
+    "e2e": "e2e",
+    "ttft": "ttft",
+    "throughput": "throughput",
+    "steps": None,
+}
+DEFAULT_OBJECTIVE = "tpot"
 Design = Literal["interleaved", "bracketed", "unpaired"]
 
 

@@ -24,6 +24,24 @@ class MessageSink(Protocol):
         """A line worth showing."""
 
 
+def step_ratios(
+    cells: dict[CellKey, CellMeasurement], choices: dict[int, int]
+) -> dict[CellKey, float]:
+    """Per chosen cell, its decode steps' cost per token over the baseline's (the cost
+    inequality's ratio, from the engine's iterations), where both cells have iterations."""
+    from spectool.decide.cost import iteration_terms
+
+    out: dict[CellKey, float] = {}
+    for c, k in choices.items():
+        spec, base = cells.get((c, k)), cells.get((c, 0))
+        if k == 0 or spec is None or base is None or not spec.iterations or not base.iterations:
+            continue
+        s_num, s_den = iteration_terms(spec.iterations)
+        b_num, b_den = iteration_terms(base.iterations)
+        out[(c, k)] = float((s_num.sum() / s_den.sum()) / (b_num.sum() / b_den.sum()))
+    return out
+
+
 def write_outputs(
     resolved: ResolvedTune,
     result: TuneResult,
@@ -54,7 +72,7 @@ def write_outputs(
             f"{prompts.dropped} prompts longer than {prompts.max_prompt_tokens} tokens were left "
             "out (they would not fit the server's sequence limit with the output)"
         )
-    notes += stall_notes(result.choices, result.cells, stats)
+    notes += stall_notes(result.choices, result.cells, stats, step_ratios(cells, result.choices))
     notes += drift_notes(result.cells, result.choices)
     build_error: SpectoolError | None = None
     try:

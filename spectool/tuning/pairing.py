@@ -66,10 +66,13 @@ def measure_paired(
     budget_s: float = DEFAULT_BUDGET_S,
     pass_pairs: int = 1,
     workload_prompts: int = 0,
+    objective: str = "steps",
 ) -> PairedCell:
     """The paired cell ``(concurrency, k)``; see the module docstring.
 
     ``pass_pairs``: pairs that cover the workload once (``workload_prompts`` prompts).
+    ``objective``: what the pairs compare, and so what settles the cell
+    (:data:`~spectool.decide.verdict.OBJECTIVES`).
     """
     every, most, looks = look_every(pass_pairs), max_pairs(pass_pairs), looks_of(pass_pairs)
     pairs: list[BlockPair] = []
@@ -80,6 +83,7 @@ def measure_paired(
         return PairedCell(
             tuple(pairs),
             looks=looks,
+            objective=objective,
             prompts_covered=len(sent),
             workload_prompts=workload_prompts,
         )

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from spectool.decide.model import ScheduleSemantics
 from spectool.tuning.driver import ServerDriver
-from spectool.tuning.prompts import TunePrompts, tune_prompts
+from spectool.tuning.prompts import TunePrompts, output_range, tune_prompts
 from spectool.tuning.request import ResolvedTune
 from spectool.tuning.setup import SERVER_LOG_NAME, TuneSetup, checkpoint_identity
 from spectool.tuning.trials import CellPlan
@@ -49,6 +49,12 @@ def _server_settings(resolved: ResolvedTune) -> dict[str, object]:
 def prompts_for(resolved: ResolvedTune, count_tokens: Callable[[str], int] | None) -> TunePrompts:
     """The run's prompts: enough for the largest trial, each fitting the sequence limit with
     the output and one verify step's drafts."""
+    # the built-in prompts' outputs vary around --max-tokens (tuning.prompts.output_lengths)
+    longest = (
+        resolved.max_tokens
+        if resolved.request.workload is not None
+        else output_range(resolved.max_tokens)[1]
+    )
     probe = CellPlan(
         resolved.engine, resolved.method, "-", "-", resolved.num_prompts, resolved.max_tokens
     )
@@ -56,8 +62,9 @@ def prompts_for(resolved: ResolvedTune, count_tokens: Callable[[str], int] | Non
         resolved.request.workload,
         max(probe.requests_at(c) for c in resolved.concurrencies),
         count_tokens=count_tokens,
-        max_prompt_tokens=resolved.max_seq_len - resolved.max_tokens - resolved.max_draft_len - 1,
+        max_prompt_tokens=resolved.max_seq_len - longest - resolved.max_draft_len - 1,
         seed=resolved.request.seed,
+        mean_output=None if resolved.request.workload is not None else resolved.max_tokens,
     )
 
 

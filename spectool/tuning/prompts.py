@@ -10,7 +10,7 @@ Python standard-library text) is drawn larger until enough prompts fit.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from spectool.errors import BadInputError
@@ -55,6 +55,26 @@ def _fitting(
     return [p for p in prompts if count_tokens(p.text) + 1 <= limit]  # +1: a BOS token
 
 
+def output_range(mean: int) -> tuple[int, int]:
+    """The built-in workload's output lengths around ``mean``: ``mean -+ mean // 2`` (at least
+    2 tokens, so every request has a decode step)."""
+    return max(2, mean - mean // 2), mean + mean // 2
+
+
+def output_lengths(count: int, mean: int, seed: int) -> list[int]:
+    """``count`` output lengths drawn uniformly from :func:`output_range` (seeded).
+
+    Why: requests of one length start and finish together in a closed loop, so the baseline's
+    batch runs in lockstep and no arriving request's prefill ever stalls another's decoding;
+    users' traffic is never like that, and it tilts users' time per token against speculation.
+    """
+    import numpy as np
+
+    low, high = output_range(mean)
+    rng = np.random.default_rng([seed, 17])
+    return [int(n) for n in rng.integers(low, high + 1, size=count)]
+
+
 def tune_prompts(
     workload: Path | None,
     needed: int,
@@ -62,8 +82,12 @@ def tune_prompts(
     count_tokens: Callable[[str], int] | None,
     max_prompt_tokens: int | None,
     seed: int = 0,
+    mean_output: int | None = None,
 ) -> TunePrompts:
     """``needed`` built-in prompts that fit, or every fitting prompt of ``workload``.
+
+    ``mean_output``: give the built-in prompts output lengths varied around it
+    (:func:`output_lengths`); ``max_prompt_tokens`` must then leave room for the longest.
 
     :class:`BadInputError` when no prompt of the file fits, or the built-in workload cannot
     give ``needed`` fitting prompts.
@@ -100,6 +124,9 @@ def tune_prompts(
             else:
                 dropped += 1
         if len(kept) == needed:
+            if mean_output is not None:
+                lengths = output_lengths(needed, mean_output, seed)
+                kept = [replace(p, max_tokens=n) for p, n in zip(kept, lengths, strict=True)]
             return TunePrompts(tuple(kept), BUILTIN, dropped, max_prompt_tokens)
         draw *= 2
     raise BadInputError(

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from spectool import methods
 from spectool.check import DEFAULT_MAX_SEQ_LEN as CHECK_DEFAULT_MAX_SEQ_LEN
 from spectool.check import CheckReport, PairOptions, run_check
+from spectool.decide.verdict import DEFAULT_OBJECTIVE, OBJECTIVES
 from spectool.errors import BadInputError, IncompatibleError
 from spectool.tuning.pairing import DEFAULT_BUDGET_S
 
@@ -79,6 +80,7 @@ class TuneRequest(PairOptions):
     seed: int = 0
     min_gain: float = 0.0
     budget_s: float = DEFAULT_BUDGET_S  # per paired cell: blocks until settled or spent
+    objective: str = DEFAULT_OBJECTIVE  # what decides (spectool.decide.verdict.OBJECTIVES)
 
 
 @dataclass(frozen=True)
@@ -190,6 +192,10 @@ def _check_numbers(req: TuneRequest) -> None:
         raise BadInputError("--confidence", f"must be in [0.5, 1), got {req.confidence}")
     if req.n_boot < 100:
         raise BadInputError("--n-boot", f"must be >= 100, got {req.n_boot}")
+    if req.objective not in OBJECTIVES:
+        raise BadInputError(
+            "--objective", f"{req.objective!r} is not one of {', '.join(OBJECTIVES)}"
+        )
     if req.threads is not None and req.threads < 1:
         raise BadInputError("--threads", f"must be >= 1, got {req.threads}")
     if req.ready_timeout_s is not None and not req.ready_timeout_s > 0:

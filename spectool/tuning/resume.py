@@ -73,6 +73,7 @@ def paired_options(resolved: ResolvedTune) -> dict[str, object]:
         "confidence": req.confidence,
         "seed": req.seed,
         "budget_s": req.budget_s,
+        "objective": req.objective,
     }
 
 

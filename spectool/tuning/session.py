@@ -243,6 +243,7 @@ def run_tune(
             measure_after=None if driver.interleaves else measure_after,
             rival=rival,
             prior_step=prior_step,
+            objective=req.objective,
         )
         server_starts = driver.starts
     measure_s = time.perf_counter() - measure_started

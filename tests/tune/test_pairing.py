@@ -16,6 +16,7 @@ import pytest
 from spectool.decide.cost import evaluate_cell
 from spectool.decide.latency import RequestRecord
 from spectool.engine.engine import IterationStats
+from spectool.errors import BadInputError
 from spectool.measure.runner import TrialConfig, TrialResult
 from spectool.server.metrics import iteration_stats_json
 from spectool.trtllm.iter_stats import parse_iteration_stats
@@ -275,3 +276,39 @@ def test_the_first_look_waits_for_a_whole_pass_even_over_budget() -> None:
     assert (look_every(10), max_pairs(10), looks_of(10)) == (10, 20, 2)
     assert (look_every(3), max_pairs(3), looks_of(3)) == (6, 24, 4)
     assert (look_every(1), max_pairs(1), looks_of(1)) == (LOOK_EVERY, MAX_PAIRS, 6)
+
+
+def test_the_users_metric_decides_where_steps_and_users_disagree() -> None:
+    """Decode steps at 0.6 of the baseline's cost per token, but each speculative request also
+    waits 90 ms outside decode steps (arrivals' prefills): users' time per output token is 1.2
+    of the baseline's. Judged by steps the cell pays; by the users' TPOT (the default
+    objective) it does not, and the interval says so from the clients' records."""
+    import dataclasses
+
+    from spectool.decide.paired import evaluate_paired
+
+    machine = Machine(spec_ms=18.0, accepted=2, speed=quiet)
+
+    def stalled(pair: int, arm: int) -> TrialResult:
+        trial = machine.block(pair, arm)
+        if not arm:
+            return trial
+        extra = 0.09
+        records = tuple(
+            dataclasses.replace(
+                r,
+                end_time_s=r.end_time_s + extra,
+                chunk_times_s=tuple(t + extra for t in r.chunk_times_s),
+            )
+            for r in trial.records
+        )
+        return dataclasses.replace(trial, records=records)
+
+    steps = evaluate_paired(measure_paired(C, K, stalled, objective="steps"))
+    assert steps.source == "iterations" and steps.verdict == "pays"
+    assert steps.ratio == pytest.approx(0.6, rel=0.05)
+    users = evaluate_paired(measure_paired(C, K, stalled, objective="tpot"))
+    assert users.source == "requests" and users.verdict == "does_not_pay"
+    assert users.ratio == pytest.approx(1.2, rel=0.05)
+    with pytest.raises(BadInputError, match="objective"):
+        evaluate_paired(measure_paired(C, K, stalled, objective="latency"))

@@ -245,3 +245,20 @@ def test_schedule_in_words() -> None:
         == "k=4 at concurrency 1-2; k=2 at concurrency 4; speculation off at 8 and above"
     )
     assert schedule_in_words({1: 0, 2: 0}) == "speculation off at 1-2"
+
+
+def test_builtin_prompts_vary_their_output_lengths_around_max_tokens() -> None:
+    """So the baseline's batch never runs in lockstep: requests of one length start and end
+    together in a closed loop, and no arrival's prefill ever stalls another's decoding."""
+    from spectool.tuning.prompts import output_lengths, output_range
+
+    assert output_range(32) == (16, 48) and output_range(3) == (2, 4)
+    got = tune_prompts(None, 40, count_tokens=None, max_prompt_tokens=None, mean_output=32)
+    lengths = [p.max_tokens for p in got.prompts]
+    assert all(16 <= n <= 48 for n in lengths) and len(set(lengths)) > 10
+    assert abs(sum(lengths) / len(lengths) - 32) < 4
+    again = tune_prompts(None, 40, count_tokens=None, max_prompt_tokens=None, mean_output=32)
+    assert again.prompts == got.prompts  # seeded: a resumed run sends the same requests
+    assert output_lengths(40, 32, seed=1) != lengths
+    plain = tune_prompts(None, 40, count_tokens=None, max_prompt_tokens=None)
+    assert all(p.max_tokens is None for p in plain.prompts)
