@@ -128,6 +128,14 @@ ObjectiveOpt = Annotated[
         "ttft, throughput, or steps (the engine's decode steps, the cost inequality).",
     ),
 ]
+TemperatureOpt = Annotated[
+    float,
+    typer.Option(
+        "--temperature",
+        help="Sampling temperature of every request (0: greedy). Acceptance falls as it "
+        "rises, so tune at your traffic's temperature.",
+    ),
+]
 MinGainOpt = Annotated[
     float,
     typer.Option(
@@ -317,6 +325,7 @@ def tune(
     min_gain: MinGainOpt = 0.0,
     budget: BudgetOpt = 30.0,
     objective: ObjectiveOpt = DEFAULT_OBJECTIVE,
+    temperature: TemperatureOpt = 0.0,
     trust_remote_code: TrustRemoteCodeOpt = False,
     predict_only: PredictOnlyOpt = False,
     acceptance_length: AcceptanceLengthOpt = None,
@@ -363,6 +372,7 @@ def tune(
         min_gain=min_gain,
         budget_s=budget,
         objective=objective,
+        temperature=temperature,
     )
     acceptance = (acceptance_length, acceptance_rate, acceptance_from)
     if predict_only:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from spectool.decide.model import ScheduleSemantics
+from spectool.measure.client import RequestOptions
 from spectool.tuning.driver import ServerDriver
 from spectool.tuning.prompts import TunePrompts, output_range, tune_prompts
 from spectool.tuning.request import ResolvedTune
@@ -80,6 +81,7 @@ def cell_plan(resolved: ResolvedTune, setup: TuneSetup, prompts: TunePrompts) ->
         repeats=resolved.request.repeats,
         workload_prompts=len(prompts.prompts),
         seed=resolved.request.seed,
+        request=RequestOptions(temperature=resolved.request.temperature),
     )
 
 

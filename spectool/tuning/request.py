@@ -81,6 +81,7 @@ class TuneRequest(PairOptions):
     min_gain: float = 0.0
     budget_s: float = DEFAULT_BUDGET_S  # per paired cell: blocks until settled or spent
     objective: str = DEFAULT_OBJECTIVE  # what decides (spectool.decide.verdict.OBJECTIVES)
+    temperature: float = 0.0  # sampling temperature of every request (0: greedy)
 
 
 @dataclass(frozen=True)
@@ -192,6 +193,8 @@ def _check_numbers(req: TuneRequest) -> None:
         raise BadInputError("--confidence", f"must be in [0.5, 1), got {req.confidence}")
     if req.n_boot < 100:
         raise BadInputError("--n-boot", f"must be >= 100, got {req.n_boot}")
+    if not 0.0 <= req.temperature <= 2.0:
+        raise BadInputError("--temperature", f"must be in [0, 2], got {req.temperature}")
     if req.objective not in OBJECTIVES:
         raise BadInputError(
             "--objective", f"{req.objective!r} is not one of {', '.join(OBJECTIVES)}"

@@ -53,6 +53,8 @@ def test_parse_concurrencies() -> None:
         (["--max-tokens", "1"], "--max-tokens"),
         (["--engine", "vllm"], "--engine"),
         (["--confidence", "1.5"], "--confidence"),
+        (["--objective", "speed"], "--objective"),
+        (["--temperature", "-1"], "--temperature"),
     ],
 )
 def test_bad_options_exit_2(
@@ -262,3 +264,18 @@ def test_builtin_prompts_vary_their_output_lengths_around_max_tokens() -> None:
     assert output_lengths(40, 32, seed=1) != lengths
     plain = tune_prompts(None, 40, count_tokens=None, max_prompt_tokens=None)
     assert all(p.max_tokens is None for p in plain.prompts)
+
+
+def test_the_temperature_reaches_every_trial(tune_models: tuple[Path, Path]) -> None:
+    from spectool.tuning.plan import measurement_plan
+
+    target, drafter = tune_models
+    req = TuneRequest(target=str(target), drafter=str(drafter), engine="torch", temperature=0.8)
+    _, _, _, plan = measurement_plan(resolve(req))
+    assert plan.request.temperature == 0.8
+    assert plan.block_config(2, 3, 0, 0).request.temperature == 0.8
+    assert all(c.request.temperature == 0.8 for c in plan.configs(4, 0))
+    with pytest.raises(BadInputError, match="--temperature"):
+        resolve(
+            TuneRequest(target=str(target), drafter=str(drafter), engine="torch", temperature=-1)
+        )
