@@ -129,3 +129,50 @@ def test_a_real_head_to_head_runs_both_servers_and_resumes(
     again = run_duel(*resumed, [1])
     assert (tmp_path / "run" / FOLDER / TRIALS_NAME).read_text().splitlines() == saved
     assert again[0].ratio == est.ratio
+
+
+def test_the_comparison_measures_head_to_head_only_when_the_rival_is_not_proven_slower(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """run_methods asks for a head-to-head of the best estimate and its closest rival when
+    that rival is uncertain, and decides on it; a rival proven slower costs no head-to-head."""
+    from spectool.tuning import compare
+    from tests.decide.test_methods import STRONG, _run, _scaled
+
+    base, _ = _run(STRONG, "draft_model")
+    monkeypatch.setattr(compare, "write_comparison", lambda *a, **k: [])
+
+    def outcomes_for(results):  # noqa: ANN001, ANN202
+        return {
+            r.method: SimpleNamespace(
+                resolved=SimpleNamespace(method=r.method, request=SimpleNamespace(confidence=0.95)),
+                result=r,
+                out=tmp_path / r.method,
+                cells={},
+                wall_s=0.0,
+            )
+            for r in results
+        }
+
+    asked: list[tuple[str, str]] = []
+
+    def duel(a, b, concs):  # noqa: ANN001, ANN202
+        asked.append((a.resolved.method, b.resolved.method))
+        est = duel_estimate(
+            _pairs(22.0, 20.0, 8, lambda t: 1.0), (b.resolved.method, a.resolved.method)
+        )
+        return [
+            replace(est, concurrency=c, ks=(b.result.choices[c], a.result.choices[c]))
+            for c in concs
+            if a.result.choices[c] > 0 and b.result.choices[c] > 0
+        ]
+
+    close = outcomes_for([_scaled(base, "ngram", 1.012, 1.9), _scaled(base, "draft_model", 1, 1.9)])
+    resolved = [close["draft_model"].resolved, close["ngram"].resolved]
+    done = compare.run_methods(resolved, lambda r, rival, bl: close[r.method], duel=duel)
+    assert asked == [("draft_model", "ngram")]
+    assert done.choice.duel and done.choice.chosen == "draft_model" and done.choice.certain
+    asked.clear()
+    far = outcomes_for([_scaled(base, "ngram", 1.3, 1.02), _scaled(base, "draft_model", 1, 1.02)])
+    done = compare.run_methods(resolved, lambda r, rival, bl: far[r.method], duel=duel)
+    assert asked == [] and not done.choice.duel and done.choice.chosen == "draft_model"
