@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from spectool.ckpt.card import card_base_models
 from spectool.ckpt.inspect import Checkpoint
 from spectool.findings import Finding, error, warning
 
@@ -46,35 +47,61 @@ def _last_name(ref: str) -> str:
     return ref.rstrip("/").split("/")[-1].split("@")[0].lower()
 
 
+def _claimed_bases(drafter: Checkpoint) -> list[tuple[str, str]]:
+    """(base model, the file that names it): config.json's ``base_model_name_or_path`` /
+    ``base_model``, then the model card's ``base_model`` metadata (README.md front matter)."""
+    claims: list[tuple[str, str]] = []
+    if drafter.base_model:
+        claims.append((drafter.base_model, str(drafter.path / "config.json")))
+    claims += [(b, str(drafter.path / "README.md")) for b in card_base_models(drafter.path)]
+    return claims
+
+
 def base_model_rule(target: Checkpoint, drafter: Checkpoint) -> list[Finding]:
-    """The head's ``base_model_name_or_path`` against the target's identity, where known.
+    """The head's base model (config, else model card) against the target's identity, where known.
 
     A local copy of the base model (``/models/vicuna-7b-v1.3`` for ``lmsys/vicuna-7b-v1.3``)
     matches by name; a mismatch is an error only when the target's repo id is known, otherwise
-    a warning that the identity could not be verified.
+    a warning, said once, that the identity could not be verified. A model card may list several
+    base models (a fine-tune's lineage): any one matching is a match.
+
+    Reported: a head trained for another target of the same architecture and sizes loads and
+    verifies but accepts less (https://github.com/vllm-project/vllm/pull/6830: the Llama-3 EAGLE
+    head and its target's lm_head; https://github.com/SafeAILab/EAGLE/issues/132: "incorrect
+    draft model weights").
     """
-    base = drafter.base_model
-    if not base:
+    claims = _claimed_bases(drafter)
+    if not claims:
         return []
     ids, names = _model_ids(target)
-    base_id = base.split("@")[0].lower() if _looks_like_repo_id(base.split("@")[0]) else None
-    if (base_id is not None and base_id in ids) or _last_name(base) in names:
-        return []
+    for base, _ in claims:
+        base_id = base.split("@")[0].lower() if _looks_like_repo_id(base.split("@")[0]) else None
+        if (base_id is not None and base_id in ids) or _last_name(base) in names:
+            return []
+    base, source = claims[0]
+    evidence = {"drafter_base_model": base, "target_ids": sorted(ids)}
     if ids:
         return [
             error(
                 "BASE_MODEL_MISMATCH",
-                f"{drafter.ref} names base model {base!r}, target is {' / '.join(sorted(ids))}",
+                f"{drafter.ref} names base model {base!r}, target is {' / '.join(sorted(ids))}: "
+                "acceptance will be lower than published (the head was trained on another "
+                "model's hidden states)",
                 "Use the head trained for this target (heads are tied to their base model's "
                 "hidden states).",
+                file=source,
+                evidence=evidence,
             )
         ]
     return [
         warning(
             "BASE_MODEL_UNVERIFIED",
             f"{drafter.ref} names base model {base!r}; the identity of target {target.ref} "
-            "could not be verified (a local folder of another name, no _name_or_path)",
+            "could not be verified (a local folder of another name, no _name_or_path); if it "
+            "is another model, acceptance will be lower than published",
             "Make sure the target is that base model: heads are tied to their base model's "
             "hidden states. Naming the folder after the model silences this.",
+            file=source,
+            evidence=evidence,
         )
     ]
