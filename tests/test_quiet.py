@@ -102,8 +102,9 @@ def test_each_family_fires_on_its_evidence(make_ckpt, tmp_path: Path, case: dict
     assert hit.severity.value == case.get("severity", "warning")
     assert hit.file is not None and Path(hit.file).is_file()  # the file the evidence is in
     assert hit.evidence and hit.message and hit.hint
-    # one line that says what it costs
+    # one line that says what was found, in which file, and what it costs
     assert "\n" not in hit.message and "lower than published" in hit.message
+    assert f"/{Path(hit.file).name}:" in hit.message or f"/{Path(hit.file).name} " in hit.message
 
 
 @pytest.mark.parametrize("case", QUIET["fire"], ids=[c["id"] for c in QUIET["fire"]])

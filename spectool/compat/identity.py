@@ -79,12 +79,13 @@ def base_model_rule(target: Checkpoint, drafter: Checkpoint) -> list[Finding]:
         if (base_id is not None and base_id in ids) or _last_name(base) in names:
             return []
     base, source = claims[0]
+    at = f"{drafter.ref.rstrip('/')}/{Path(source).name}"
     evidence = {"drafter_base_model": base, "target_ids": sorted(ids)}
     if ids:
         return [
             error(
                 "BASE_MODEL_MISMATCH",
-                f"{drafter.ref} names base model {base!r}, target is {' / '.join(sorted(ids))}: "
+                f"{at} names base model {base!r}, target is {' / '.join(sorted(ids))}: "
                 "acceptance will be lower than published (the head was trained on another "
                 "model's hidden states)",
                 "Use the head trained for this target (heads are tied to their base model's "
@@ -96,7 +97,7 @@ def base_model_rule(target: Checkpoint, drafter: Checkpoint) -> list[Finding]:
     return [
         warning(
             "BASE_MODEL_UNVERIFIED",
-            f"{drafter.ref} names base model {base!r}; the identity of target {target.ref} "
+            f"{at} names base model {base!r}; the identity of target {target.ref} "
             "could not be verified (a local folder of another name, no _name_or_path); if it "
             "is another model, acceptance will be lower than published",
             "Make sure the target is that base model: heads are tied to their base model's "

@@ -22,6 +22,11 @@ def _cfg(ckpt: Checkpoint) -> str:
     return str(ckpt.path / "config.json")
 
 
+def _at(ckpt: Checkpoint, name: str = "config.json") -> str:
+    """Where the evidence is, for the one-line message: the reference and the file's name."""
+    return f"{ckpt.ref.rstrip('/')}/{name}"
+
+
 def quiet_rules(
     target: Checkpoint, drafter: Checkpoint, method: str, max_seq_len: int | None
 ) -> list[Finding]:
@@ -69,7 +74,7 @@ def tied_embeddings_rule(ckpt: Checkpoint) -> list[Finding]:
     return [
         warning(
             "TIED_EMBEDDINGS_CONTRADICT",
-            f"{ckpt.ref}: {what}; {LOWER} (drafts from the wrong projection are rejected)",
+            f"{_at(ckpt)}: {what}; {LOWER} (drafts from the wrong projection are rejected)",
             "Fix tie_word_embeddings in the drafter's config.json to match its tensors.",
             file=_cfg(ckpt),
             evidence=evidence,
@@ -97,7 +102,7 @@ def medusa_heads_rule(drafter: Checkpoint) -> list[Finding]:
     return [
         warning(
             "MEDUSA_HEADS_DIFFER",
-            f"{drafter.ref}: config declares medusa_num_heads {declared}, the weights hold "
+            f"{_at(drafter)}: declares medusa_num_heads {declared}, the weights hold "
             f"{present} heads; {cost}; {LOWER}",
             f"Set medusa_num_heads to {present} (and draft at most {present} tokens).",
             file=_cfg(drafter),
@@ -132,7 +137,7 @@ def rope_rule(target: Checkpoint, drafter: Checkpoint) -> list[Finding]:
     return [
         warning(
             "ROPE_MISMATCH",
-            f"{drafter.ref}: head rope ({head.describe()}) vs target ({tgt.describe()}): {why}, "
+            f"{_at(drafter)}: head rope ({head.describe()}) vs target ({tgt.describe()}): {why}, "
             f"likely for another target of this architecture; {LOWER}",
             "Use the head trained for this target (same rope_theta and rope_scaling).",
             file=_cfg(drafter),
@@ -162,7 +167,7 @@ def context_rule(target: Checkpoint, drafter: Checkpoint, max_seq_len: int | Non
         return [
             warning(
                 "DRAFT_CONTEXT_SHORTER",
-                f"drafter max_position_embeddings {d_ctx} < deployment max_seq_len {max_seq_len}: "
+                f"{_at(drafter)}: max_position_embeddings {d_ctx} < deployment max_seq_len {max_seq_len}: "
                 f"past position {d_ctx} the drafter runs where it was never trained; {LOWER} on "
                 "long contexts",
                 f"Keep --max-seq-len at or below {d_ctx}, or use a drafter trained on longer contexts.",
@@ -200,7 +205,7 @@ def precision_rules(target: Checkpoint, drafter: Checkpoint) -> list[Finding]:
         findings.append(
             warning(
                 "QUANTIZED_TARGET_HEAD",
-                f"target {target.ref} is quantised ({t_quant}) but head {drafter.ref} states no "
+                f"{_at(target)}: the target is quantised ({t_quant}) but head {drafter.ref} states no "
                 f"quantisation: it was trained on unquantised hidden states; {LOWER}",
                 "Use a head trained on this quantised target, or serve the unquantised target.",
                 file=_cfg(target),
@@ -211,7 +216,7 @@ def precision_rules(target: Checkpoint, drafter: Checkpoint) -> list[Finding]:
         findings.append(
             warning(
                 "HEAD_QUANTIZED",
-                f"head {drafter.ref} is quantised ({d_quant}); heads are trained in 16-bit and "
+                f"{_at(drafter)}: the head is quantised ({d_quant}); heads are trained in 16-bit and "
                 f"their drafts shift when quantised; {LOWER}",
                 "Serve the head in the precision it was trained in (its torch_dtype).",
                 file=_cfg(drafter),
@@ -267,7 +272,7 @@ def special_token_rule(target: Checkpoint, drafter: Checkpoint) -> list[Finding]
     return [
         warning(
             "SPECIAL_TOKENS_DIFFER",
-            f"target vs drafter {listed}: the drafter sees another start token for the same "
+            f"{_at(drafter)}: target vs drafter {listed}: the drafter sees another start token for the same "
             f"conversation; {LOWER}",
             "Use a drafter with the target's special tokens (the same model family and release).",
             file=_cfg(drafter),
@@ -303,14 +308,16 @@ def chat_template_rule(target: Checkpoint, drafter: Checkpoint) -> list[Finding]
     t_seq, d_seq = special_sequence(t_text, specials), special_sequence(d_text, specials)
     if t_seq == d_seq:
         return []
+    jinja = drafter.path / "chat_template.jinja"
+    name = jinja.name if jinja.is_file() else "tokenizer_config.json"
     return [
         warning(
             "CHAT_TEMPLATE_DIFFERS",
-            f"the chat templates frame one conversation with other special tokens (target "
+            f"{_at(drafter, name)}: the chat templates frame one conversation with other special tokens (target "
             f"{' '.join(t_seq) or 'none'}; drafter {' '.join(d_seq) or 'none'}): the drafter "
             f"sees a format it was not trained on; {LOWER}",
             "Use a drafter trained with the target's chat template.",
-            file=str(drafter.path / "tokenizer_config.json"),
+            file=str(drafter.path / name),
             evidence={"target_specials": list(t_seq), "drafter_specials": list(d_seq)},
         )
     ]
@@ -333,7 +340,7 @@ def draft_vocab_rule(target: Checkpoint, drafter: Checkpoint) -> list[Finding]:
     return [
         warning(
             "DRAFT_VOCAB_NARROW",
-            f"{drafter.ref}: the draft vocabulary (d2t) holds {size} of the target's {full} "
+            f"{_at(drafter)}: the draft vocabulary (d2t) holds {size} of the target's {full} "
             f"tokens ({size / full:.0%}; published heads keep >= 16%): every other token is "
             f"always rejected; {LOWER}",
             "Use a head whose draft vocabulary covers more of the target's tokens (32000 is typical).",
