@@ -29,8 +29,8 @@ def _edited(make_ckpt, dest: Path, repo: str, edit: dict, side: str) -> Path:
     files are linked, not copied."""
     src = make_ckpt(repo)
     config, card = edit.get(f"{side}_config"), edit.get(f"{side}_card")
-    template, tensors = edit.get(f"{side}_chat_template"), edit.get(f"{side}_tensors")
-    if not (config or card or template or tensors):
+    tok_config, tensors = edit.get(f"{side}_tokenizer_config"), edit.get(f"{side}_tensors")
+    if not (config or card or tok_config or tensors):
         return src
     folder = dest / f"{side}-{src.name}"
     folder.mkdir(parents=True)
@@ -41,12 +41,10 @@ def _edited(make_ckpt, dest: Path, repo: str, edit: dict, side: str) -> Path:
     (folder / "config.json").write_text(json.dumps({**cfg, **(config or {})}))
     if card:
         (folder / "README.md").write_text(card)
-    if template:
+    if tok_config:
         tok_cfg = json.loads((src / "tokenizer_config.json").read_text())
         (folder / "tokenizer_config.json").unlink()
-        (folder / "tokenizer_config.json").write_text(
-            json.dumps({**tok_cfg, "chat_template": template})
-        )
+        (folder / "tokenizer_config.json").write_text(json.dumps({**tok_cfg, **tok_config}))
     if tensors:
         table, meta = fixture_tensors(repo)
         table.update({name: (dtype, shape) for name, (dtype, shape) in tensors.items()})
@@ -85,7 +83,11 @@ def test_correct_pairs_raise_no_warning(make_ckpt, tmp_path: Path, pair: dict) -
 
 
 def test_correct_mtp_pair_raises_no_warning(make_ckpt) -> None:
-    mtp = [p for p in EXPECTED if p["drafter"] == "self" and p["verdict"] == "compatible"]
+    mtp = [
+        p
+        for p in EXPECTED + QUIET["silent"]
+        if p["drafter"] == "self" and p.get("verdict", "compatible") == "compatible"
+    ]
     assert mtp
     for pair in mtp:
         target = inspect_folder(make_ckpt(pair["target"]), pair["target"])
@@ -172,3 +174,38 @@ def test_json_carries_code_file_and_evidence(make_ckpt, capsys) -> None:
     assert rope["evidence"]["drafter_rope"] == "theta 500000, no rope_scaling"
     ctx = by_code["DRAFT_CONTEXT_SHORTER"]
     assert ctx["severity"] == "warning" and ctx["evidence"]["max_seq_len"] == 4096
+
+
+def test_model_card_metadata_is_read_safely(tmp_path: Path) -> None:
+    """Front matter by yaml.safe_load: a list or a string; anything else is no evidence."""
+    from spectool.ckpt.card import card_base_models
+
+    cases = {
+        "---\nbase_model: org/a\n---\ntext": ("org/a",),
+        "---\nbase_model:\n- org/a\n- org/b\n---\n": ("org/a", "org/b"),
+        "---\nbase_model: !!python/object/apply:os.system ['true']\n---\n": (),
+        "---\n: [unclosed\n---\n": (),
+        "no front matter\nbase_model: org/a\n": (),
+    }
+    for text, want in cases.items():
+        (tmp_path / "README.md").write_text(text)
+        assert card_base_models(tmp_path) == want, text
+
+
+def test_rope_settings_of_both_config_layouts() -> None:
+    from spectool.ckpt.card import rope_of
+
+    v4 = rope_of({"rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
+    v5 = rope_of({"rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8}})
+    assert v4 == v5 and v4.describe() == "theta 500000, llama3 x8"
+    assert rope_of({"rope_scaling": None}).scaling is None
+    assert not rope_of({"hidden_size": 4096}).stated  # states nothing: no evidence
+
+
+def test_a_template_that_does_not_render_is_no_evidence() -> None:
+    from spectool.ckpt.card import render_template
+
+    assert render_template("{{ raise_exception('no system role') }}", None, None) is None
+    assert render_template("{{ ''.__class__.__mro__ }}", None, None) in (None, "")
+    text = render_template("{% for m in messages %}<s>{{ m.content }}{% endfor %}", "<s>", None)
+    assert text == "<s>Hello<s>Hi there<s>Thanks"

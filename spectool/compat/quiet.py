@@ -7,7 +7,13 @@ reported; the README's "Why acceptance is low" lists the same codes and sources.
 from __future__ import annotations
 
 from spectool import methods
-from spectool.ckpt.card import chat_template, render_template, rope_of, special_sequence
+from spectool.ckpt.card import (
+    card_base_models,
+    chat_template,
+    render_template,
+    rope_of,
+    special_sequence,
+)
 from spectool.ckpt.inspect import CAUSAL_LM, EAGLE1, EAGLE3, MEDUSA, Checkpoint
 from spectool.findings import Finding, info, warning
 
@@ -201,23 +207,32 @@ def precision_rules(target: Checkpoint, drafter: Checkpoint) -> list[Finding]:
     head = drafter.kind in (EAGLE1, EAGLE3, MEDUSA)
     t_quant = _quant(target)
     d_quant = _quant(drafter)
-    if head and t_quant and not d_quant:
+    # A quantised export names the model it was made from in its card (RedHatAI, nvidia FP8
+    # exports); natively quantised releases (gpt-oss MXFP4, DeepSeek-V3 FP8) name none, and
+    # their heads were trained on the quantised model itself.
+    t_origin = card_base_models(target.path) if t_quant else ()
+    if head and t_quant and t_origin and not d_quant:
         findings.append(
             warning(
                 "QUANTIZED_TARGET_HEAD",
-                f"{_at(target)}: the target is quantised ({t_quant}) but head {drafter.ref} states no "
-                f"quantisation: it was trained on unquantised hidden states; {LOWER}",
+                f"{_at(target)}: the target is a quantised ({t_quant}) export of {t_origin[0]} "
+                f"and head {drafter.ref} states no quantisation: it was trained on unquantised "
+                f"hidden states; {LOWER}",
                 "Use a head trained on this quantised target, or serve the unquantised target.",
                 file=_cfg(target),
-                evidence={"target_quantization": t_quant, "drafter_quantization": None},
+                evidence={
+                    "target_quantization": t_quant,
+                    "target_card_base_model": t_origin[0],
+                    "drafter_quantization": None,
+                },
             )
         )
-    if head and d_quant:
+    if head and d_quant and not t_quant:
         findings.append(
             warning(
                 "HEAD_QUANTIZED",
-                f"{_at(drafter)}: the head is quantised ({d_quant}); heads are trained in 16-bit and "
-                f"their drafts shift when quantised; {LOWER}",
+                f"{_at(drafter)}: the head is quantised ({d_quant}) for an unquantised target; "
+                f"heads are trained in 16-bit and their drafts shift when quantised; {LOWER}",
                 "Serve the head in the precision it was trained in (its torch_dtype).",
                 file=_cfg(drafter),
                 evidence={"drafter_quantization": d_quant},
@@ -245,37 +260,37 @@ def _quant(ckpt: Checkpoint) -> str | None:
 
 
 def special_token_rule(target: Checkpoint, drafter: Checkpoint) -> list[Finding]:
-    """A standalone drafter's bos (config, generation config, tokenizer) against the target's.
+    """A standalone drafter's start token against the target's.
 
     Reported: https://github.com/SafeAILab/EAGLE/issues/132 (acceptance far below the paper's
     with "incorrect ... templates"), https://github.com/SafeAILab/EAGLE/issues/67 (a drafter
     must be trained on the target's own conversation format). The target's bos starts every
-    prompt; a drafter trained with another sees an id it never saw in that place.
+    prompt; a drafter trained with another sees an id it never saw in that place. The tokenizers'
+    bos tokens (what is prepended) decide; config ``bos_token_id`` only where neither tokenizer
+    names one (configs carry stale defaults: JackFram/llama-68m says 0, its tokenizer adds 1).
     """
-    diffs: dict[str, tuple[object, object]] = {}
-    for key in ("bos_token_id", "pad_token_id"):
-        t, d = _special_id(target, key), _special_id(drafter, key)
-        if t is not None and d is not None and t != d:
-            diffs[key] = (t, d)
     t_tok, d_tok = target.tokenizer, drafter.tokenizer
-    if (
-        t_tok
-        and d_tok
-        and t_tok.bos_token
-        and d_tok.bos_token
-        and t_tok.bos_token != d_tok.bos_token
-    ):
-        diffs["bos_token"] = (t_tok.bos_token, d_tok.bos_token)
-    if "bos_token_id" not in diffs and "bos_token" not in diffs:
-        return []  # a pad id alone never reaches the drafter in a conversation
+    t_bos = t_tok.bos_token if t_tok else None
+    d_bos = d_tok.bos_token if d_tok else None
+    if t_bos or d_bos:
+        if not (t_bos and d_bos) or t_bos == d_bos:
+            return []
+        diffs = {"bos_token": (t_bos, d_bos)}
+        source = "tokenizer_config.json"
+    else:
+        t, d = _special_id(target, "bos_token_id"), _special_id(drafter, "bos_token_id")
+        if t is None or d is None or t == d:
+            return []
+        diffs = {"bos_token_id": (t, d)}
+        source = "config.json"
     listed = ", ".join(f"{k} {t!r} vs {d!r}" for k, (t, d) in diffs.items())
     return [
         warning(
             "SPECIAL_TOKENS_DIFFER",
-            f"{_at(drafter)}: target vs drafter {listed}: the drafter sees another start token for the same "
-            f"conversation; {LOWER}",
+            f"{_at(drafter, source)}: target vs drafter {listed}: the drafter sees another start "
+            f"token for the same conversation; {LOWER}",
             "Use a drafter with the target's special tokens (the same model family and release).",
-            file=_cfg(drafter),
+            file=str(drafter.path / source),
             evidence={k: {"target": t, "drafter": d} for k, (t, d) in diffs.items()},
         )
     ]
