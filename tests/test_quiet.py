@@ -209,3 +209,18 @@ def test_a_template_that_does_not_render_is_no_evidence() -> None:
     assert render_template("{{ ''.__class__.__mro__ }}", None, None) in (None, "")
     text = render_template("{% for m in messages %}<s>{{ m.content }}{% endfor %}", "<s>", None)
     assert text == "<s>Hello<s>Hi there<s>Thanks"
+
+
+def test_every_checkpoint_warning_carries_its_file_and_evidence(make_ckpt, tmp_path: Path) -> None:
+    """Over every fixture pair and case, each warning check_pair raises names the file it read
+    and the values it rests on (the JSON's ``file`` and ``evidence``)."""
+    cases = [p for p in EXPECTED if p["drafter"] != "self"] + QUIET["fire"]
+    seen: set[str] = set()
+    for i, case in enumerate(cases):
+        target, drafter = _pair(make_ckpt, tmp_path / str(i), case)
+        findings = check_pair(target, drafter, case["method"], max_seq_len=case.get("max_seq_len"))
+        for f in findings:
+            if f.severity is Severity.WARNING:
+                seen.add(f.code)
+                assert f.file and Path(f.file).is_file() and f.evidence, f
+    assert QUIET_CODES - {"BASE_MODEL_MISMATCH"} <= seen

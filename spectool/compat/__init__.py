@@ -90,6 +90,7 @@ def check_pair(
                     "DRAFTER_IGNORED",
                     f"method {method} drafts from the prompt; drafter {drafter.ref} is unused",
                     "Drop the drafter argument, or choose a method that uses it.",
+                    evidence={"method": method, "drafter": drafter.ref},
                 )
             )
         return findings
@@ -212,6 +213,8 @@ def _mtp_rules(
                     "MTP_DRAFT_LEN",
                     f"max_draft_len {max_draft_len} > {n} native MTP layers: vanilla MTP is clamped to {n}",
                     f"Use --max-draft-len {n} or less.",
+                    file=str(target.path / "config.json"),
+                    evidence={"max_draft_len": max_draft_len, "mtp_layers": n},
                 )
             )
     if declared is not None and present and present != declared:
@@ -220,6 +223,8 @@ def _mtp_rules(
                 "MTP_LAYERS_DIFFER",
                 f"config declares {declared} MTP layers, weights hold {present}",
                 "spectool uses the smaller number.",
+                file=str(target.path / "config.json"),
+                evidence={"declared": declared, "in_weights": present},
             )
         )
     return findings
