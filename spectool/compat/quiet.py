@@ -124,7 +124,9 @@ def rope_rule(target: Checkpoint, drafter: Checkpoint) -> list[Finding]:
     another rope_theta than Qwen3-235B: accuracy and acceptance drop; engines that share one
     rope table run the head with the target's), https://github.com/sgl-project/SpecForge/pull/270
     (heads trained ignoring the config's rope_theta). A head trained for Llama-3 (theta 5e5, no
-    rope_scaling) on Llama-3.1 (llama3 x8) is the same-architecture, same-size case.
+    rope_scaling) on Llama-3.1 (llama3 x8) is the same-architecture, same-size case:
+    https://github.com/vllm-project/vllm/issues/9565 (yuhuili/EAGLE-LLaMA3-Instruct-70B on
+    Llama-3.1-70B, far below the paper's speed-up).
     """
     head, tgt = rope_of(drafter.config), rope_of(target.config)
     if not head.stated:
@@ -199,8 +201,10 @@ def precision_rules(target: Checkpoint, drafter: Checkpoint) -> list[Finding]:
 
     Reported: https://github.com/vllm-project/vllm/issues/9534 (a float16 EAGLE head on an FP8
     target: acceptance 0), https://github.com/vllm-project/vllm-ascend/issues/5974 (EAGLE-3 on a
-    QuaRot W8A8 target: acceptance drops), https://github.com/NVIDIA/TensorRT-LLM/issues/3207
-    (EAGLE quantisation unsupported). float16 against bfloat16 alone is an info: both work
+    QuaRot W8A8 target: acceptance drops), https://github.com/NVIDIA/TensorRT-LLM/pull/18905
+    (an EAGLE-3 head on Llama-4's FP8 checkpoint: acceptance length 1.01, "wrong head for the
+    FP8 checkpoint"), https://github.com/NVIDIA/TensorRT-LLM/issues/3207 (EAGLE quantisation
+    unsupported). float16 against bfloat16 alone is an info: both work
     (https://github.com/SafeAILab/EAGLE/issues/259).
     """
     findings: list[Finding] = []
