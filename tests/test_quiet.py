@@ -224,3 +224,24 @@ def test_every_checkpoint_warning_carries_its_file_and_evidence(make_ckpt, tmp_p
                 seen.add(f.code)
                 assert f.file and Path(f.file).is_file() and f.evidence, f
     assert QUIET_CODES - {"BASE_MODEL_MISMATCH"} <= seen
+
+
+def test_model_card_lineage_and_renamed_repos_match(make_ckpt, tmp_path: Path) -> None:
+    """A card naming the pretrained base (Llama-3.1-8B) or meta-llama's old repo name
+    (Meta-Llama-3.1-8B-Instruct) is the Instruct target's own lineage: no finding. A card
+    naming Meta-Llama-3-8B-Instruct is another model."""
+    target_dir = make_ckpt("meta-llama/Llama-3.1-8B-Instruct")
+    target = inspect_folder(target_dir, "meta-llama/Llama-3.1-8B-Instruct", revision="0" * 40)
+    for i, (card, want) in enumerate(
+        [
+            ("meta-llama/Llama-3.1-8B", set()),
+            ("meta-llama/Meta-Llama-3.1-8B-Instruct", set()),
+            ("meta-llama/Meta-Llama-3-8B-Instruct", {"BASE_MODEL_MISMATCH"}),
+        ]
+    ):
+        edit = {"drafter_card": f"---\nbase_model: {card}\n---\n"}
+        head_dir = _edited(
+            make_ckpt, tmp_path / str(i), "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", edit, "drafter"
+        )
+        findings = check_pair(target, inspect_folder(head_dir), "eagle3")
+        assert {f.code for f in findings if f.code.startswith("BASE_MODEL")} == want, card

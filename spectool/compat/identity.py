@@ -39,6 +39,27 @@ def _model_ids(target: Checkpoint) -> tuple[set[str], set[str]]:
     return ids, names
 
 
+def _plain(name: str) -> str:
+    """A model name without the ``meta-`` prefix meta-llama dropped when it renamed its repos
+    (Meta-Llama-3.1-8B-Instruct -> Llama-3.1-8B-Instruct)."""
+    return name.removeprefix("meta-")
+
+
+def _matches(base: str, ids: set[str], names: set[str], *, lineage: bool) -> bool:
+    """Whether a claimed base model is the target: its repo id or its name (``meta-`` aside).
+    With ``lineage`` (a model card, whose ``base_model`` may name the pretrained model a
+    fine-tune came from) a target whose name extends the base's (Llama-3.1-8B-Instruct from
+    Llama-3.1-8B) matches too."""
+    repo = base.split("@")[0]
+    if _looks_like_repo_id(repo) and repo.lower() in ids:
+        return True
+    name = _plain(_last_name(base))
+    plain_names = {_plain(n) for n in names}
+    if name in plain_names:
+        return True
+    return lineage and any(n.startswith(name + "-") for n in plain_names)
+
+
 def _looks_like_repo_id(ref: str) -> bool:
     return bool(re.fullmatch(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+", ref))
 
@@ -74,16 +95,19 @@ def base_model_rule(target: Checkpoint, drafter: Checkpoint) -> list[Finding]:
     if not claims:
         return []
     ids, names = _model_ids(target)
-    for base, _ in claims:
-        base_id = base.split("@")[0].lower() if _looks_like_repo_id(base.split("@")[0]) else None
-        if (base_id is not None and base_id in ids) or _last_name(base) in names:
+    for base, source in claims:
+        if _matches(base, ids, names, lineage=source.endswith("README.md")):
             return []
     base, source = claims[0]
+    from_card = source.endswith("README.md")
     at = f"{drafter.ref.rstrip('/')}/{Path(source).name}"
     evidence = {"drafter_base_model": base, "target_ids": sorted(ids)}
     if ids:
+        # A model card's base_model is looser metadata than the config's field: a mismatch
+        # read there is a warning, not an error.
+        severity = warning if from_card else error
         return [
-            error(
+            severity(
                 "BASE_MODEL_MISMATCH",
                 f"{at} names base model {base!r}, target is {' / '.join(sorted(ids))}: "
                 "acceptance will be lower than published (the head was trained on another "
