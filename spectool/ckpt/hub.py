@@ -36,6 +36,8 @@ METADATA_FILES = (
     "tokenizer_config.json",
     "special_tokens_map.json",
     "model.safetensors.index.json",
+    "chat_template.jinja",
+    "README.md",  # the model card: its base_model metadata (spectool.ckpt.card)
 )
 
 

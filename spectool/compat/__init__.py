@@ -19,6 +19,7 @@ from spectool.compat.heads import (
     medusa_rules,
 )
 from spectool.compat.identity import base_model_rule
+from spectool.compat.quiet import quiet_rules
 from spectool.compat.tokens import cost_rule, token_space_rules
 from spectool.errors import BadInputError
 from spectool.findings import Finding, error, info, warning
@@ -89,6 +90,7 @@ def check_pair(
                     "DRAFTER_IGNORED",
                     f"method {method} drafts from the prompt; drafter {drafter.ref} is unused",
                     "Drop the drafter argument, or choose a method that uses it.",
+                    evidence={"method": method, "drafter": drafter.ref},
                 )
             )
         return findings
@@ -106,7 +108,8 @@ def check_pair(
         return findings
     findings += PAIR_RULES[method](target, drafter)
     findings += base_model_rule(target, drafter)
-    findings += _soft_rules(target, drafter, method, max_seq_len)
+    findings += quiet_rules(target, drafter, method, max_seq_len)
+    findings += _arch_string_rule(drafter, method)
     return findings
 
 
@@ -210,6 +213,8 @@ def _mtp_rules(
                     "MTP_DRAFT_LEN",
                     f"max_draft_len {max_draft_len} > {n} native MTP layers: vanilla MTP is clamped to {n}",
                     f"Use --max-draft-len {n} or less.",
+                    file=str(target.path / "config.json"),
+                    evidence={"max_draft_len": max_draft_len, "mtp_layers": n},
                 )
             )
     if declared is not None and present and present != declared:
@@ -218,47 +223,24 @@ def _mtp_rules(
                 "MTP_LAYERS_DIFFER",
                 f"config declares {declared} MTP layers, weights hold {present}",
                 "spectool uses the smaller number.",
+                file=str(target.path / "config.json"),
+                evidence={"declared": declared, "in_weights": present},
             )
         )
     return findings
 
 
-def _soft_rules(
-    target: Checkpoint, drafter: Checkpoint, method: str, max_seq_len: int | None
-) -> list[Finding]:
-    findings: list[Finding] = []
-    t_ctx, d_ctx = target.max_position_embeddings, drafter.max_position_embeddings
-    if t_ctx and d_ctx and d_ctx < t_ctx:
-        limit = (
-            f"; requested max_seq_len {max_seq_len} exceeds it"
-            if max_seq_len and max_seq_len > d_ctx
-            else ""
-        )
-        findings.append(
-            warning(
-                "DRAFT_CONTEXT_SHORTER",
-                f"drafter max_position_embeddings {d_ctx} < target {t_ctx}{limit}",
-                "Acceptance may drop on long contexts; measure with your prompt lengths.",
-            )
-        )
-    if target.dtype and drafter.dtype and target.dtype != drafter.dtype:
-        findings.append(
-            warning(
-                "DTYPE_DIFFERS",
-                f"drafter dtype {drafter.dtype} vs target {target.dtype}",
-                "Engines cast the drafter to the serving dtype; check memory and acceptance.",
-            )
-        )
+def _arch_string_rule(drafter: Checkpoint, method: str) -> list[Finding]:
     if (
         "eagle_head" in methods.get(method).needs
         and drafter.architecture
         and "eagle" not in drafter.architecture.lower()
     ):
-        findings.append(
+        return [
             info(
                 "ARCH_STRING_UNINFORMATIVE",
                 f"{drafter.ref} declares architectures {drafter.architecture!r}; its EAGLE generation was read from the weights",
                 "Tools that dispatch on the architecture string (older SGLang) need --method set explicitly.",
             )
-        )
-    return findings
+        ]
+    return []

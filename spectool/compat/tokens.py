@@ -47,6 +47,8 @@ def token_space_rules(target: Checkpoint, drafter: Checkpoint) -> list[Finding]:
                     f"the target's tokenizer has {cmp.only_target} tokens the drafter never saw "
                     f"(target {t_tok.size}, drafter {d_tok.size}; shared ids agree)",
                     "Fine for acceptance on ordinary text; those tokens will always be rejected.",
+                    file=str(d_tok.path),
+                    evidence={"target_tokens": t_tok.size, "drafter_tokens": d_tok.size},
                 )
             )
         elif cmp.relation == "drafter_superset":
@@ -56,6 +58,8 @@ def token_space_rules(target: Checkpoint, drafter: Checkpoint) -> list[Finding]:
                     f"the drafter's tokenizer has {cmp.only_drafter} tokens the target lacks "
                     f"(target {t_tok.size}, drafter {d_tok.size}; shared ids agree)",
                     "Drafts of those ids are always rejected; harmless if rare.",
+                    file=str(d_tok.path),
+                    evidence={"target_tokens": t_tok.size, "drafter_tokens": d_tok.size},
                 )
             )
         if target.vocab_size and drafter.vocab_size and target.vocab_size != drafter.vocab_size:
@@ -65,6 +69,11 @@ def token_space_rules(target: Checkpoint, drafter: Checkpoint) -> list[Finding]:
                     f"same tokenizer but embedding rows padded differently: target vocab_size "
                     f"{target.vocab_size}, drafter {drafter.vocab_size}",
                     "TensorRT-LLM and spectool handle this; vLLM refuses such pairs.",
+                    file=str(drafter.path / "config.json"),
+                    evidence={
+                        "target_vocab_size": target.vocab_size,
+                        "drafter_vocab_size": drafter.vocab_size,
+                    },
                 )
             )
         findings += _special_token_rule(target, drafter)
@@ -91,9 +100,16 @@ def _special_token_rule(target: Checkpoint, drafter: Checkpoint) -> list[Finding
                 "EOS_DIFFERS",
                 f"drafter eos {sorted(d_eos)} vs target eos {sorted(t_eos)}",
                 "The target decides when to stop; a drafter stopping early only costs acceptance.",
+                file=str(drafter.path / _eos_file(drafter)),
+                evidence={"target_eos": sorted(t_eos), "drafter_eos": sorted(d_eos)},
             )
         ]
     return []
+
+
+def _eos_file(ckpt: Checkpoint) -> str:
+    """The file the EOS ids were read from (Checkpoint.eos_token_ids: generation config first)."""
+    return "generation_config.json" if "eos_token_id" in ckpt.generation_config else "config.json"
 
 
 def cost_rule(target: Checkpoint, drafter: Checkpoint) -> list[Finding]:
@@ -112,6 +128,13 @@ def cost_rule(target: Checkpoint, drafter: Checkpoint) -> list[Finding]:
             f"{_count(t_params)}; each draft token costs about as much as a target step",
             "Pass the target first and the drafter second, or use a drafter with far fewer "
             "layers and parameters (a tenth of the target's is typical).",
+            file=str(drafter.path / "config.json"),
+            evidence={
+                "target_layers": t_layers,
+                "drafter_layers": d_layers,
+                "target_parameters": t_params,
+                "drafter_parameters": d_params,
+            },
         )
     ]
 

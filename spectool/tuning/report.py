@@ -140,6 +140,7 @@ def report_markdown(outcome: TuneOutcome) -> str:
         _noise_section,
         _predictions_section,
         _acceptance_section,
+        check_warnings_section,
         _model_section,
         _figures_section,
         _notes_section,
@@ -457,3 +458,16 @@ def _notes_section(outcome: TuneOutcome) -> list[str]:
 def write_report(outcome: TuneOutcome) -> Path:
     """Write ``DIR/report.md`` atomically; returns its path."""
     return atomic_write_text(outcome.out / REPORT_NAME, report_markdown(outcome))
+
+
+def check_warnings_section(outcome: TuneOutcome) -> list[str]:
+    """``spectool check``'s warnings on this pair, repeated beside the measured acceptance so a
+    low figure is explained where it is seen (README "Why acceptance is low")."""
+    warnings = [f for f in outcome.resolved.report.findings if f.severity.value == "warning"]
+    lines = ["## Why acceptance may be low: spectool check's warnings", ""]
+    if not warnings:
+        return lines + ["spectool check raised no warning on this pair.", ""]
+    for f in warnings:
+        where = f" (`{f.file}`)" if f.file else ""
+        lines.append(f"- `{f.code}`{where}: {f.message}")
+    return lines + [""]

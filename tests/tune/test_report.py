@@ -25,6 +25,7 @@ SECTIONS = [
     "## Pairs and noise per cell",
     "## Predicted against measured",
     "## Acceptance per position",
+    "## Why acceptance may be low: spectool check's warnings",
     "## Step-cost model",
     "## Figures",
     "## Notes",
@@ -49,7 +50,9 @@ def demo_outcome(tmp_path: Path) -> TuneOutcome:
     cells = {key: grid[key] for key in sorted(used)}
     request = SimpleNamespace(confidence=0.95, n_boot=200, repeats=1)
     report = SimpleNamespace(
-        target=SimpleNamespace(ref="demo-target"), drafter=SimpleNamespace(ref="demo-drafter")
+        target=SimpleNamespace(ref="demo-target"),
+        drafter=SimpleNamespace(ref="demo-drafter"),
+        findings=[],
     )
     resolved = SimpleNamespace(
         request=request,
