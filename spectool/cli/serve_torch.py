@@ -20,6 +20,8 @@ import typer
 
 from spectool import methods
 from spectool.errors import BadInputError, CheckpointError
+from spectool.inputs import MAX_DRAFT_LEN, check_range
+from spectool.suggest import suggestion
 
 # The methods the embedded engine runs, ``none`` included (spectool.methods).
 TORCH_METHODS = ("auto", *methods.engine_methods("torch", baseline=True))
@@ -117,7 +119,15 @@ def torch_serve_request(
     if engine_config is not None:
         method = str(engine_config["method"])
     if method not in TORCH_METHODS:
-        raise BadInputError("--method", f"the torch engine runs {', '.join(TORCH_METHODS)}")
+        raise BadInputError(
+            "--method",
+            f"unknown method {method!r}{suggestion(method, TORCH_METHODS)}; the torch engine "
+            f"runs {', '.join(TORCH_METHODS)}",
+        )
+    if engine_config is None:  # the same ranges as check, build and tune (spectool.inputs)
+        check_range("--max-draft-len", max_draft_len, 1, MAX_DRAFT_LEN)
+        check_range("--max-batch-size", max_batch_size)
+        check_range("--max-seq-len", max_seq_len, 2)
     if target is None:
         if drafter is not None:
             raise BadInputError("DRAFTER", "a drafter needs a TARGET")

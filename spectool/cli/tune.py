@@ -352,6 +352,9 @@ def tune(
         min_gain=min_gain,
         budget_s=budget,
     )
+    from spectool.inputs import check_pair_options
+
+    check_pair_options(request)  # bad input (exit 2), the same rule as check and build
     acceptance = (acceptance_length, acceptance_rate, acceptance_from)
     if predict_only:
         from spectool.cli.tune_predicted import predict_only
