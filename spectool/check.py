@@ -16,6 +16,7 @@ from spectool.ckpt.refs import resolve_checkpoint
 from spectool.compat import check_pair, resolve_method
 from spectool.errors import BadInputError
 from spectool.findings import Finding, Severity, error, info, sort_findings
+from spectool.inputs import check_pair_options
 from spectool.memory import GIB, MemoryEstimate, estimate_memory, memory_findings
 
 ENGINES = ("trtllm", "torch", "none")
@@ -157,15 +158,7 @@ def run_check(req: CheckRequest) -> CheckReport:
         raise BadInputError(
             "--engine", f"unknown engine {req.engine!r}; choose from {', '.join(ENGINES)}"
         )
-    if req.method != "auto" and not methods.is_method(req.method):
-        raise BadInputError("--method", methods.unknown_method_problem(req.method))
-    if req.trtllm_backend not in ("pytorch", "tensorrt"):
-        raise BadInputError(
-            "--trtllm-backend",
-            f"unknown backend {req.trtllm_backend!r}; choose pytorch or tensorrt",
-        )
-    if req.tp < 1:
-        raise BadInputError("--tp", f"must be 1 or more, got {req.tp}")
+    check_pair_options(req)  # bad input (exit 2) before anything is read
     target_ref, drafter_ref, method, max_draft_len, profile = expand_profile(req)
     recipe = _recipe(profile)
     try:
@@ -210,11 +203,12 @@ def run_check(req: CheckRequest) -> CheckReport:
             max_draft_len=max_draft_len,
         )
         findings += memory_findings(memory, req.max_batch_size)
-    pays = (
-        will_it_pay(req, method, max_draft_len, target, drafter, recipe, profile, gpu_spec)
-        if gpu_spec is not None
-        else None
-    )
+    pays = None
+    if gpu_spec is not None and any(f.severity is Severity.ERROR for f in findings):
+        # the prediction depends on the pair; the errors above are the first thing to fix
+        pays = {"predicted": True, "skipped": "the check found errors; fix those first"}
+    elif gpu_spec is not None:
+        pays = will_it_pay(req, method, max_draft_len, target, drafter, recipe, profile, gpu_spec)
     return CheckReport(
         method=method,
         engine=req.engine,

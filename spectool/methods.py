@@ -226,5 +226,7 @@ def engine_methods(engine: str, *, baseline: bool = False) -> tuple[str, ...]:
 
 def unknown_method_problem(name: str, *, allow_auto: bool = True) -> str:
     """The one-line problem for an unknown method name (for the caller's error)."""
-    choices = ", ".join(("auto", *METHODS) if allow_auto else METHODS)
-    return f"unknown method {name!r}; choose from {choices}"
+    from spectool.suggest import suggestion
+
+    known = ("auto", *METHODS) if allow_auto else METHODS
+    return f"unknown method {name!r}{suggestion(name, known)}; choose from {', '.join(known)}"

@@ -31,6 +31,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from spectool import methods
 from spectool.errors import ProfileError
 from spectool.predict.geometry import GeometrySpec
+from spectool.suggest import suggestion
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
@@ -378,7 +379,9 @@ def load_gpu(name: str) -> GpuSpec:
     """
     spec = _gpu_index().get(normalize_name(name))
     if spec is None:
-        raise ProfileError(None, f"unknown GPU {name!r}; known: {', '.join(list_gpus())}")
+        known = list_gpus()
+        hint = suggestion(name, known, key=normalize_name)
+        raise ProfileError(None, f"unknown GPU {name!r}{hint}; known: {', '.join(known)}")
     return spec
 
 
@@ -404,7 +407,9 @@ def load_profile(name: str) -> Recipe:
     """
     recipe = _recipe_index().get(normalize_name(name))
     if recipe is None:
-        raise ProfileError(None, f"unknown profile {name!r}; known: {', '.join(list_profiles())}")
+        known = list_profiles()
+        hint = suggestion(name, known, key=normalize_name)
+        raise ProfileError(None, f"unknown profile {name!r}{hint}; known: {', '.join(known)}")
     return recipe
 
 

@@ -245,8 +245,9 @@ def test_deeply_nested_json_is_one_line(make_ckpt, tmp_path: Path, capsys) -> No
     assert code == 2 and err.count("\n") == 1 and "nested deeper than 64" in err
 
 
-def test_absurd_draft_length_is_a_finding(make_ckpt, capsys) -> None:
-    code, out, _ = run(
+def test_absurd_draft_length_is_bad_input(make_ckpt, capsys) -> None:
+    """A flag value outside its range is bad input (exit 2, README "Exit codes"), not a finding."""
+    code, out, err = run(
         capsys,
         "check",
         str(make_ckpt(LLAMA)),
@@ -255,13 +256,9 @@ def test_absurd_draft_length_is_a_finding(make_ckpt, capsys) -> None:
         "1000000000",
         "--engine",
         "none",
-        "--json",
     )
-    report = json.loads(out)
-    assert code == 1 and report["verdict"] == "incompatible"
-    assert [f["code"] for f in report["findings"] if f["severity"] == "error"] == [
-        "MAX_DRAFT_LEN_INVALID"
-    ]
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith("spectool: error: --max-draft-len: must be between 1 and 64")
 
 
 def _at_80_columns(*argv: str) -> list[str]:

@@ -51,6 +51,10 @@ def resolve_checkpoint(ref: str) -> Checkpoint:
         shown = parent not in (Path("."), Path.cwd()) and parent.is_dir()
         beside = f" ({parent} exists; is the name mistyped?)" if shown else ""
         raise CheckpointError(ref, f"no such folder{beside}")
+    from spectool.profiles import list_profiles, normalize_name
+    from spectool.suggest import suggestion
+
+    hint = suggestion(ref, list_profiles(), key=normalize_name).replace("mean", "mean the profile")
     raise CheckpointError(
-        ref, "no such folder, and not a Hugging Face repo id (org/name) or profile"
+        ref, f"no such folder, and not a Hugging Face repo id (org/name) or profile{hint}"
     )

@@ -13,6 +13,7 @@ import sys
 import typer
 
 from spectool import __version__
+from spectool.cli.help import SpectoolGroup
 from spectool.constants import DEBUG
 from spectool.errors import SpectoolError
 
@@ -26,6 +27,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=SpectoolGroup,
 )
 
 

@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 
+from spectool.cli.help import ADVANCED, ENGINE, MAIN, OUTPUT, command_class, option
 from spectool.cli.options import (
     DrafterArg,
     GpuOpt,
@@ -28,13 +29,16 @@ from spectool.cli.options import (
     TrtllmBackendOpt,
     TrtllmVersionOpt,
     TrustRemoteCodeOpt,
+    shared_help_defaults,
 )
 
-OutOpt = Annotated[Path, typer.Option("--out", help="Build folder to write.")]
+OutOpt = Annotated[Path, typer.Option("--out", help="Build folder to write.", rich_help_panel=MAIN)]
 BuildEngineOpt = Annotated[
     str,
     typer.Option(
-        "--engine", help="trtllm (TensorRT-LLM configs) or torch (spectool's embedded engine)."
+        "--engine",
+        help="trtllm (TensorRT-LLM configs) or torch (spectool's embedded engine).",
+        rich_help_panel=MAIN,
     ),
 ]
 DecisionOpt = Annotated[
@@ -42,10 +46,15 @@ DecisionOpt = Annotated[
     typer.Option(
         "--decision",
         help="decision.json from spectool tune: writes its draft_len_schedule/max_concurrency.",
+        show_default="none: speculation unmeasured",
+        rich_help_panel=MAIN,
     ),
 ]
 ForceOpt = Annotated[
-    bool, typer.Option("--force", help="Replace a different build already in --out.")
+    bool,
+    typer.Option(
+        "--force", help="Replace a different build already in --out.", rich_help_panel=OUTPUT
+    ),
 ]
 InertGateOpt = Annotated[
     str,
@@ -54,6 +63,7 @@ InertGateOpt = Annotated[
         help="Where the release ignores a runtime gate for the method (eagle3/mtp one-model on "
         "1.1/1.2): serve (no gate; serve's cost gate picks the baseline under load) or "
         "two-model (eagle3_one_model: false, where the gate works; a different step cost).",
+        rich_help_panel=ENGINE,
     ),
 ]
 DownloadOpt = Annotated[
@@ -62,6 +72,7 @@ DownloadOpt = Annotated[
         "--download",
         help="Releases whose PyTorch backend needs a local draft model (1.0, 1.1): download a "
         "hub drafter with huggingface_hub and write its local snapshot path.",
+        rich_help_panel=ADVANCED,
     ),
 ]
 ExamplesOpt = Annotated[
@@ -70,8 +81,13 @@ ExamplesOpt = Annotated[
         "--trtllm-examples",
         help="Legacy TensorRT backend: the TensorRT-LLM repository's examples folder "
         "(convert_checkpoint.py scripts).",
+        show_default="none",
+        rich_help_panel=ADVANCED,
     ),
 ]
+
+BuildMaxBatchOpt = option(MaxBatchOpt, default="fitted to the GPU's memory")
+BuildMaxSeqOpt = option(MaxSeqOpt, default="the model's, capped")
 
 
 def build(
@@ -86,8 +102,8 @@ def build(
     trtllm_backend: TrtllmBackendOpt = "pytorch",
     gpu: GpuOpt = "auto",
     tp: TpOpt = 1,
-    max_batch_size: MaxBatchOpt = None,
-    max_seq_len: MaxSeqOpt = None,
+    max_batch_size: BuildMaxBatchOpt = None,
+    max_seq_len: BuildMaxSeqOpt = None,
     decision: DecisionOpt = None,
     force: ForceOpt = False,
     trtllm_examples: ExamplesOpt = None,
@@ -203,5 +219,17 @@ def _render(plan, written: list[Path]) -> None:  # noqa: ANN001 - BuildPlan, imp
     console.print("serve it: spectool serve " + str(plan.out))
 
 
+def _help_defaults() -> dict[str, str]:
+    from spectool.check import DEFAULT_MAX_SEQ_LEN
+    from spectool.deploy.limits import TORCH_DEFAULT_MAX_BATCH_SIZE, TORCH_DEFAULT_MAX_SEQ_LEN
+
+    return {
+        **shared_help_defaults(),
+        "max_batch_size": f"fitted to the GPU's memory; torch: {TORCH_DEFAULT_MAX_BATCH_SIZE}",
+        "max_seq_len": f"the model's, at most {DEFAULT_MAX_SEQ_LEN}; torch: "
+        f"{TORCH_DEFAULT_MAX_SEQ_LEN}",
+    }
+
+
 def register(app: typer.Typer) -> None:
-    app.command("build")(build)
+    app.command("build", cls=command_class(_help_defaults))(build)

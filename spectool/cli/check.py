@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from spectool.cli.help import MAIN, command_class, option
 from spectool.cli.options import (
     AcceptanceLengthOpt,
     AcceptanceRateOpt,
@@ -23,11 +24,18 @@ from spectool.cli.options import (
     TrtllmBackendOpt,
     TrtllmVersionOpt,
     TrustRemoteCodeOpt,
+    shared_help_defaults,
 )
 
 EngineOpt = Annotated[
-    str, typer.Option("--engine", help="trtllm, torch or none (none: judge the checkpoints alone).")
+    str,
+    typer.Option(
+        "--engine",
+        help="trtllm, torch or none (none: judge the checkpoints alone).",
+        rich_help_panel=MAIN,
+    ),
 ]
+CheckMaxBatchOpt = option(MaxBatchOpt, default="none: the estimate says how many fit")
 
 
 def check(
@@ -41,7 +49,7 @@ def check(
     trtllm_backend: TrtllmBackendOpt = "pytorch",
     gpu: GpuOpt = "auto",
     tp: TpOpt = 1,
-    max_batch_size: MaxBatchOpt = None,
+    max_batch_size: CheckMaxBatchOpt = None,
     max_seq_len: MaxSeqOpt = None,
     trust_remote_code: TrustRemoteCodeOpt = False,
     concurrency: ConcurrencyListOpt = None,
@@ -185,5 +193,11 @@ def _models_table(report):  # noqa: ANN001, ANN202 - CheckReport -> rich Table
     return models
 
 
+def _help_defaults() -> dict[str, str]:
+    from spectool.check import DEFAULT_MAX_SEQ_LEN
+
+    return {**shared_help_defaults(), "max_seq_len": f"the model's, at most {DEFAULT_MAX_SEQ_LEN}"}
+
+
 def register(app: typer.Typer) -> None:
-    app.command("check")(check)
+    app.command("check", cls=command_class(_help_defaults))(check)

@@ -27,10 +27,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from typer.core import TyperCommand
 
+from spectool.cli.help import ADVANCED, ENGINE, LOAD, MAIN, OUTPUT, SpectoolCommand, option
 from spectool.cli.options import DrafterArg, MaxBatchOpt, MaxDraftLenOpt, MaxSeqOpt, TargetArg
 from spectool.cli.serve_torch import (
+    TORCH_DEFAULT_MAX_BATCH_SIZE,
+    TORCH_DEFAULT_MAX_DRAFT_LEN,
+    TORCH_DEFAULT_MAX_SEQ_LEN,
     TORCH_METHODS,
     TorchServeRequest,
     parse_draft_len_schedule,
@@ -55,7 +58,9 @@ EngineOpt = Annotated[
     typer.Option(
         "--engine",
         help="torch: spectool's embedded PyTorch engine (CPU/CUDA); trtllm: TensorRT-LLM, for a "
-        "build DIR. Default: the build's engine, else torch.",
+        "build DIR.",
+        show_default="the build's engine, else torch",
+        rich_help_panel=MAIN,
     ),
 ]
 SpeculationOpt = Annotated[
@@ -64,26 +69,34 @@ SpeculationOpt = Annotated[
         "--speculation",
         help="Build DIR: auto (the cost gate: on only where the build's tune decision shows it "
         "pays), on or off.",
+        rich_help_panel=MAIN,
     ),
 ]
 ExpectedConcurrencyOpt = Annotated[
     int | None,
     typer.Option(
         "--expected-concurrency",
-        help="Build DIR: concurrent requests you expect; the cost gate judges speculation there "
-        "(default: the largest concurrency the decision measured).",
+        help="Build DIR: concurrent requests you expect; the cost gate judges speculation there.",
+        show_default="the largest concurrency the decision measured",
+        rich_help_panel=LOAD,
     ),
 ]
 ReadyTimeoutOpt = Annotated[
     float | None,
     typer.Option(
         "--ready-timeout",
-        help="Build DIR: seconds to wait for /health (default 1800 trtllm, 300 torch).",
+        help="Build DIR: seconds to wait for /health.",
+        rich_help_panel=ADVANCED,
     ),
 ]
 MaxConcurrencyOpt = Annotated[
     int | None,
-    typer.Option("--max-concurrency", help="torch engine: no speculation above this batch size."),
+    typer.Option(
+        "--max-concurrency",
+        help="torch engine: no speculation above this batch size.",
+        show_default="none: speculation at every batch size",
+        rich_help_panel=ENGINE,
+    ),
 ]
 DraftLenScheduleOpt = Annotated[
     str | None,
@@ -91,6 +104,8 @@ DraftLenScheduleOpt = Annotated[
         "--draft-len-schedule",
         help="torch engine: batch:k pairs, e.g. 4:4,8:2 (batch sizes up to 4 draft 4, up to 8 "
         "draft 2, larger none).",
+        show_default="none",
+        rich_help_panel=ENGINE,
     ),
 ]
 EngineConfigOpt = Annotated[
@@ -99,37 +114,69 @@ EngineConfigOpt = Annotated[
         "--engine-config",
         help="torch engine: a config file written by spectool build (speculative.json or "
         "baseline.json) giving the method, draft length, runtime gate and limits.",
+        show_default="none: the flags",
+        rich_help_panel=ENGINE,
     ),
 ]
 READY_TIMEOUT_S = {"trtllm": 1800.0, "torch": 300.0}
+ReadyTimeoutOpt = option(
+    ReadyTimeoutOpt, default=", ".join(f"{s:g} {e}" for e, s in READY_TIMEOUT_S.items())
+)
 ServeMethodOpt = Annotated[
     str,
     typer.Option(
         "--method",
         help=f"torch engine: {', '.join(TORCH_METHODS)} (auto: draft_model with a "
         "drafter, else none).",
+        rich_help_panel=MAIN,
     ),
 ]
 HostOpt = Annotated[
-    str, typer.Option("--host", help="Address to listen on (127.0.0.1: this machine only).")
+    str,
+    typer.Option(
+        "--host", help="Address to listen on (127.0.0.1: this machine only).", rich_help_panel=MAIN
+    ),
 ]
-PortOpt = Annotated[int, typer.Option("--port", help="TCP port (0: any free port).")]
+PortOpt = Annotated[
+    int, typer.Option("--port", help="TCP port (0: any free port).", rich_help_panel=MAIN)
+]
 DeviceOpt = Annotated[
-    str, typer.Option("--device", help="torch engine: cpu, cuda, cuda:N or auto.")
+    str,
+    typer.Option(
+        "--device", help="torch engine: cpu, cuda, cuda:N or auto.", rich_help_panel=ENGINE
+    ),
 ]
 DtypeOpt = Annotated[
-    str, typer.Option("--dtype", help="torch engine: float32, bfloat16, float16 or float64.")
+    str,
+    typer.Option(
+        "--dtype",
+        help="torch engine: float32, bfloat16, float16 or float64.",
+        rich_help_panel=ENGINE,
+    ),
 ]
 ServedNameOpt = Annotated[
     str | None,
     typer.Option(
         "--served-model-name",
-        help="Model id in /v1/models and requests (default: the target's folder name).",
+        help="Model id in /v1/models and requests.",
+        show_default="the target's folder name",
+        rich_help_panel=OUTPUT,
     ),
 ]
 LogLevelOpt = Annotated[
-    str, typer.Option("--log-level", help="Server log level: debug, info, warning or error.")
+    str,
+    typer.Option(
+        "--log-level",
+        help="Server log level: debug, info, warning or error.",
+        rich_help_panel=OUTPUT,
+    ),
 ]
+# Unset, the embedded engine's values (spectool.cli.serve_torch), or --engine-config's.
+ServeMaxDraftLenOpt = option(
+    MaxDraftLenOpt, default=f"the config's, else {TORCH_DEFAULT_MAX_DRAFT_LEN}"
+)
+ServeMaxBatchOpt = option(MaxBatchOpt, default=f"the config's, else {TORCH_DEFAULT_MAX_BATCH_SIZE}")
+ServeMaxSeqOpt = option(MaxSeqOpt, default=f"the config's, else {TORCH_DEFAULT_MAX_SEQ_LEN}")
 
 
 def _build_dir(target: str | None) -> Path | None:
@@ -142,7 +189,7 @@ def _build_dir(target: str | None) -> Path | None:
     return path if (path / MANIFEST_NAME).is_file() else None
 
 
-class _PassThroughCommand(TyperCommand):
+class _PassThroughCommand(SpectoolCommand):
     """Keeps everything after ``--`` out of spectool's own parsing (``ctx.meta["passthrough"]``)
     so those arguments reach the server child unchanged."""
 
@@ -160,9 +207,9 @@ def serve(
     drafter: DrafterArg = None,
     engine: EngineOpt = None,
     method: ServeMethodOpt = "auto",
-    max_draft_len: MaxDraftLenOpt = None,
-    max_batch_size: MaxBatchOpt = None,
-    max_seq_len: MaxSeqOpt = None,
+    max_draft_len: ServeMaxDraftLenOpt = None,
+    max_batch_size: ServeMaxBatchOpt = None,
+    max_seq_len: ServeMaxSeqOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "float32",
     served_model_name: ServedNameOpt = None,
@@ -178,7 +225,9 @@ def serve(
 ) -> None:
     """Serve an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /metrics).
 
-    TARGET may be a build folder from spectool build: served as built (TensorRT-LLM or the embedded engine), speculation gated by the build's tune decision, arguments after -- passed to the server.
+    TARGET may be a build folder from spectool build: served as built (TensorRT-LLM or the
+    embedded engine), speculation gated by the build's tune decision, arguments after -- passed
+    to the server.
 
     Binds 127.0.0.1 unless --host says otherwise; Ctrl-C stops it cleanly.
     """

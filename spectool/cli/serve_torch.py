@@ -20,11 +20,19 @@ import typer
 
 from spectool import methods
 from spectool.errors import BadInputError, CheckpointError
+from spectool.inputs import MAX_DRAFT_LEN, check_range
+from spectool.suggest import suggestion
 
 # The methods the embedded engine runs, ``none`` included (spectool.methods).
 TORCH_METHODS = ("auto", *methods.engine_methods("torch", baseline=True))
 DEMO_TARGET = "spectool:demo-target"
 DEMO_DRAFTER = "spectool:demo-drafter"
+# Said once at start-up and in /v1/models when the target is the demo model: a newcomer who
+# chats with it gets lines of "#" and would otherwise think the server broken.
+DEMO_NOTE = (
+    "demo-target is a tiny model trained on Python standard-library code, for measuring speed, "
+    "not for answers: it continues code, and to a chat message it answers lines like '#'"
+)
 TORCH_DEFAULT_MAX_BATCH_SIZE = 32
 TORCH_DEFAULT_MAX_SEQ_LEN = 1024
 TORCH_DEFAULT_MAX_DRAFT_LEN = 4
@@ -117,7 +125,15 @@ def torch_serve_request(
     if engine_config is not None:
         method = str(engine_config["method"])
     if method not in TORCH_METHODS:
-        raise BadInputError("--method", f"the torch engine runs {', '.join(TORCH_METHODS)}")
+        raise BadInputError(
+            "--method",
+            f"unknown method {method!r}{suggestion(method, TORCH_METHODS)}; the torch engine "
+            f"runs {', '.join(TORCH_METHODS)}",
+        )
+    if engine_config is None:  # the same ranges as check, build and tune (spectool.inputs)
+        check_range("--max-draft-len", max_draft_len, 1, MAX_DRAFT_LEN)
+        check_range("--max-batch-size", max_batch_size)
+        check_range("--max-seq-len", max_seq_len, 2)
     if target is None:
         if drafter is not None:
             raise BadInputError("DRAFTER", "a drafter needs a TARGET")
@@ -225,13 +241,16 @@ def serve_torch(request: TorchServeRequest) -> None:
     )
     drafting = f", {request.method} k={request.max_draft_len}" if request.method != "none" else ""
     drafter = f" + {request.drafter.name}" if request.drafter is not None else ""
+    description = demo_description(request.target)
     if request.default_pair:
         _say(
             "spectool: note: no TARGET given: serving spectool's demo pair "
             f"({DEMO_TARGET} + {DEMO_DRAFTER}) on the embedded torch engine, the engine that "
             "serves a model folder directly (TensorRT-LLM serves build folders: spectool build "
-            "TARGET [DRAFTER] --out DIR, then spectool serve DIR)"
+            f"TARGET [DRAFTER] --out DIR, then spectool serve DIR); {DEMO_NOTE}"
         )
+    elif description is not None:
+        _say(f"spectool: note: {DEMO_NOTE}")
     sock = bind_socket(request.host, request.port)  # a busy port fails before the line below
     bound_host, bound_port = sock.getsockname()[:2]
     _say(
@@ -247,7 +266,16 @@ def serve_torch(request: TorchServeRequest) -> None:
         port=request.port,
         log_level=request.log_level,
         sock=sock,
+        description=description,
     )
+
+
+def demo_description(target: Path) -> str | None:
+    """:data:`DEMO_NOTE` when ``target`` is spectool's demo model, else None."""
+    from spectool.ckpt.refs import BUILTIN_PREFIX, builtin_path
+
+    demo = builtin_path(DEMO_TARGET.removeprefix(BUILTIN_PREFIX))
+    return DEMO_NOTE if target.resolve() == demo.resolve() else None
 
 
 def _say(text: str) -> None:

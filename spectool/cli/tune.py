@@ -18,17 +18,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
+from spectool.cli.help import command_class
 from spectool.cli.options import (
     AcceptanceLengthOpt,
     AcceptanceRateOpt,
     DrafterArg,
-    GpuOpt,
     JsonOpt,
-    MaxBatchOpt,
     MaxDraftLenOpt,
     MaxSeqOpt,
     MethodOpt,
@@ -38,6 +37,32 @@ from spectool.cli.options import (
     TrtllmBackendOpt,
     TrtllmVersionOpt,
     TrustRemoteCodeOpt,
+)
+from spectool.cli.tune_options import (
+    AcceptanceFromOpt,
+    BudgetOpt,
+    ConcurrencyOpt,
+    ConfidenceOpt,
+    DeviceOpt,
+    DtypeOpt,
+    ForceOpt,
+    MaxTokensOpt,
+    MinGainOpt,
+    NumPromptsOpt,
+    ObjectiveOpt,
+    PredictOnlyOpt,
+    ReadyTimeoutOpt,
+    RepeatsOpt,
+    ResumeOpt,
+    SeedOpt,
+    TemperatureOpt,
+    ThreadsOpt,
+    TuneEngineOpt,
+    TuneGpuOpt,
+    TuneMaxBatchOpt,
+    TuneOutOpt,
+    WorkloadOpt,
+    help_defaults,
 )
 from spectool.decide.verdict import DEFAULT_OBJECTIVE
 
@@ -50,115 +75,6 @@ if TYPE_CHECKING:
     from spectool.tuning.request import TuneRequest
     from spectool.tuning.session import TuneProgress
 
-TuneEngineOpt = Annotated[
-    str,
-    typer.Option(
-        "--engine",
-        help="auto (trtllm when trtllm-serve is installed, else torch), trtllm, or torch "
-        "(spectool's embedded engine).",
-    ),
-]
-ConcurrencyOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--concurrency",
-        help="Comma-separated concurrency levels (default: 1,2,4,8 on torch, 1,2,4,8,16,32 on "
-        "trtllm).",
-    ),
-]
-WorkloadOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--workload",
-        help="Prompt JSONL file (Spec-Bench question.jsonl or {prompt, max_tokens?, category?} "
-        "lines). Default: built-in prompts from the Python standard library.",
-    ),
-]
-NumPromptsOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--num-prompts",
-        help="Measured requests per trial, at least 2 x concurrency (default 16 torch, 64 trtllm).",
-    ),
-]
-MaxTokensOpt = Annotated[
-    int | None,
-    typer.Option("--max-tokens", help="Output tokens per request (default 32 torch, 256 trtllm)."),
-]
-RepeatsOpt = Annotated[int, typer.Option("--repeats", help="Trials per measured cell, pooled.")]
-TuneOutOpt = Annotated[Path, typer.Option("--out", help="Output folder.")]
-ResumeOpt = Annotated[
-    bool,
-    typer.Option("--resume", help="Continue a run in --out; finished trials are not redone."),
-]
-ForceOpt = Annotated[
-    bool, typer.Option("--force", help="Start over in an --out that holds earlier results.")
-]
-DeviceOpt = Annotated[str, typer.Option("--device", help="torch: cpu, cuda, cuda:N or auto.")]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help="torch: float32, bfloat16, float16.")]
-ThreadsOpt = Annotated[
-    int | None,
-    typer.Option("--threads", help="torch: server threads (default: all cores but one)."),
-]
-ReadyTimeoutOpt = Annotated[
-    float | None,
-    typer.Option(
-        "--ready-timeout",
-        help="Seconds a server may take to load (default 600 torch, 1800 trtllm).",
-    ),
-]
-ConfidenceOpt = Annotated[
-    float, typer.Option("--confidence", help="Confidence of the decision's intervals.")
-]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the prompts and the bootstrap.")]
-BudgetOpt = Annotated[
-    float,
-    typer.Option(
-        "--budget",
-        help="Seconds of measuring per speculative cell: paired blocks are added until the "
-        "cell is settled or this is spent (then it is inconclusive).",
-    ),
-]
-ObjectiveOpt = Annotated[
-    str,
-    typer.Option(
-        "--objective",
-        help="What decides, paired per cell from the client's records of both arms: tpot "
-        "(time per output token after the first, what each user feels), e2e (request latency), "
-        "ttft, throughput, or steps (the engine's decode steps, the cost inequality).",
-    ),
-]
-TemperatureOpt = Annotated[
-    float,
-    typer.Option(
-        "--temperature",
-        help="Sampling temperature of every request (0: greedy). Acceptance falls as it "
-        "rises, so tune at your traffic's temperature.",
-    ),
-]
-MinGainOpt = Annotated[
-    float,
-    typer.Option(
-        "--min-gain", help="Choose speculation only if it beats the baseline by this fraction."
-    ),
-]
-
-
-PredictOnlyOpt = Annotated[
-    bool,
-    typer.Option(
-        "--predict-only",
-        help="Measure nothing: decision.json and the build from the step-cost model (predicted, "
-        "not measured; torch: CPU probe, trtllm: engine defaults for --gpu).",
-    ),
-]
-AcceptanceFromOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--acceptance-from",
-        help="--predict-only: acceptance measured by an earlier tune run (its folder or tune.json).",
-    ),
-]
 
 PLAIN_EVERY_S = 10.0
 
@@ -313,11 +229,11 @@ def tune(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "float32",
     threads: ThreadsOpt = None,
-    max_batch_size: MaxBatchOpt = None,
+    max_batch_size: TuneMaxBatchOpt = None,
     max_seq_len: MaxSeqOpt = None,
     trtllm_version: TrtllmVersionOpt = None,
     trtllm_backend: TrtllmBackendOpt = "pytorch",
-    gpu: GpuOpt = "auto",
+    gpu: TuneGpuOpt = "auto",
     tp: TpOpt = 1,
     ready_timeout: ReadyTimeoutOpt = None,
     confidence: ConfidenceOpt = 0.95,
@@ -337,7 +253,7 @@ def tune(
     concurrency (draft_len_schedule), decision.json, tune.json, report.md and plots to --out.
 
     No arguments: the demo profile's three methods on the embedded engine, compared (about 4
-    minutes on 2 CPU cores).
+    minutes on 2 CPU cores). Main options first; the other panels follow a run's order.
     """
     from spectool.tuning.request import TuneRequest, parse_concurrencies
 
@@ -374,6 +290,9 @@ def tune(
         objective=objective,
         temperature=temperature,
     )
+    from spectool.inputs import check_pair_options
+
+    check_pair_options(request)  # bad input (exit 2), the same rule as check and build
     acceptance = (acceptance_length, acceptance_rate, acceptance_from)
     if predict_only:
         from spectool.cli.tune_predicted import predict_only
@@ -448,4 +367,4 @@ def _run(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("tune")(tune)
+    app.command("tune", cls=command_class(help_defaults))(tune)

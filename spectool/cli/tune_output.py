@@ -135,7 +135,7 @@ def render_methods(outcome: MethodsOutcome) -> None:
             console.print(f"note: {o.resolved.method}: {note}", markup=False, style="yellow")
     console.print(
         f"wrote the {choice.chosen} deployment and the comparison to {outcome.out} "
-        "(report: report.md; each method's own run in its folder)"
+        "(report: report.md, with every method's figures; each method's own run in its folder)"
     )
 
 

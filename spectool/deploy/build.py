@@ -52,6 +52,7 @@ from spectool.deploy.runtime_gate import plan_runtime_gate
 from spectool.deploy.write import existing_build_state, run_engine_steps, write_build
 from spectool.errors import BadInputError
 from spectool.gpu import DetectedGpu
+from spectool.inputs import check_pair_options
 from spectool.trtllm.engine_build import engine_steps
 
 __all__ = [
@@ -109,6 +110,7 @@ def check_build(req: BuildRequest) -> BuildInputs:
     """Resolve GPU and decision, then run the checker for the pair the build is for."""
     if req.engine not in ENGINES:
         raise BadInputError("--engine", f"expected one of {', '.join(ENGINES)}, got {req.engine!r}")
+    check_pair_options(req)  # bad input (exit 2) before the GPU is looked for
     decision: Decision | None = None
     decision_bytes: bytes | None = None
     if req.decision is not None:

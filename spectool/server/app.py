@@ -90,12 +90,17 @@ class ServerState:
 
 
 def create_app(
-    engine_factory: EngineFactory, *, model_name: str, max_stats_len: int = 1000
+    engine_factory: EngineFactory,
+    *,
+    model_name: str,
+    max_stats_len: int = 1000,
+    description: str | None = None,
 ) -> FastAPI:
     """The server app; ``engine_factory()`` builds the engine on a thread at start-up.
 
-    ``model_name`` is the id ``/v1/models`` lists and requests may name; ``max_stats_len``
-    bounds the iteration records kept between two ``/metrics`` reads (oldest dropped first).
+    ``model_name`` is the id ``/v1/models`` lists and requests may name (with ``description``,
+    when given, in its card); ``max_stats_len`` bounds the iteration records kept between two
+    ``/metrics`` reads (oldest dropped first).
     """
     state = ServerState(model_name=model_name, max_stats_len=max_stats_len)
 
@@ -140,7 +145,8 @@ def create_app(
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         max_len = state.driver.max_seq_len if state.driver is not None else None
-        return ModelList(data=[ModelCard(id=state.model_name, max_model_len=max_len)]).model_dump()
+        card = ModelCard(id=state.model_name, max_model_len=max_len, description=description)
+        return ModelList(data=[card]).model_dump()
 
     @app.get("/metrics")
     async def metrics() -> list[dict[str, Any]]:

@@ -201,8 +201,11 @@ def serve_checkpoint(
     port: int = DEFAULT_PORT,
     log_level: str = "info",
     sock: socket.socket | None = None,
+    description: str | None = None,
 ) -> None:
     """Serve ``target`` (and ``drafter``) with the embedded engine on ``host:port`` (or on the
-    bound ``sock``); blocks."""
-    app = create_app(lambda: Engine(target, drafter, config), model_name=model_name)
+    bound ``sock``); blocks. ``description``: shown in ``/v1/models``."""
+    app = create_app(
+        lambda: Engine(target, drafter, config), model_name=model_name, description=description
+    )
     serve(app, host=host, port=port, log_level=log_level, sock=sock)

@@ -412,13 +412,14 @@ class ChatCompletionChunk(_Response):
 
 
 class ModelCard(_Response):
-    _omit_if_none = frozenset({"max_model_len"})
+    _omit_if_none = frozenset({"max_model_len", "description"})
 
     id: str
     object: Literal["model"] = "model"
     created: int = Field(default_factory=_now_s)
     owned_by: str = "spectool"
     max_model_len: int | None = None
+    description: str | None = None  # what the model is for, where a user could misread it
 
 
 class ModelList(_Response):

@@ -19,6 +19,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from spectool.errors import ConfigError
+from spectool.suggest import suggestion
 
 RELEASES: tuple[str, ...] = ("0.21", "1.0", "1.1", "1.2", "main")
 
@@ -26,7 +27,9 @@ RELEASES: tuple[str, ...] = ("0.21", "1.0", "1.1", "1.2", "main")
 def check_release(release: str) -> None:
     if release not in RELEASES:
         raise ConfigError(
-            f"release {release!r}", f"unknown TensorRT-LLM release; known: {', '.join(RELEASES)}"
+            f"release {release!r}",
+            f"unknown TensorRT-LLM release{suggestion(release, RELEASES)}; known: "
+            f"{', '.join(RELEASES)}",
         )
 
 

@@ -26,7 +26,12 @@ def release_for_version(version: str) -> str:
         return "main"
     match = _VERSION_RE.match(version)
     if not match:
-        raise ConfigError("tensorrt_llm version", f"cannot parse {version!r}")
+        from spectool.suggest import suggestion
+        from spectool.trtllm.options import RELEASES
+
+        raise ConfigError(
+            "tensorrt_llm version", f"cannot parse {version!r}{suggestion(version, RELEASES)}"
+        )
     major, minor = int(match.group(1)), int(match.group(2))
     if (major, minor) < (0, 21):
         raise ConfigError(

@@ -38,7 +38,7 @@ from spectool.methods import serving_cost_rank
 from spectool.tuning.outcome import CellKey, TuneOutcome
 from spectool.tuning.report import DASH
 from spectool.tuning.request import ResolvedTune, TuneRequest, resolve
-from spectool.tuning.setup import REPORT_NAME, has_results
+from spectool.tuning.setup import PLOT_NAMES, REPORT_NAME, has_results
 
 DEFAULT_PROFILE = "demo"
 DuelFn = Callable[[TuneOutcome, TuneOutcome, Sequence[int]], Sequence[DuelEstimate]]
@@ -203,12 +203,21 @@ def comparison_cell(choice: MethodChoice, method: str, c: int) -> str:
 
 
 def comparison_markdown(outcomes: Sequence[TuneOutcome], choice: MethodChoice) -> str:
-    """The comparison report: per concurrency each method's chosen cell, the winner, the
-    method deployed and why, and where each method's own report is."""
+    """The report a user opens: the method deployed and why first, then per concurrency each
+    method's chosen cell and the winner, every method's figures (from its folder) and where each
+    method's own report is."""
     methods = [o.resolved.method for o in outcomes]
     first = outcomes[0]
+    chosen = next(o for o in outcomes if o.resolved.method == choice.chosen)
+    schedule = dict(sorted(chosen.result.schedule.items())) or "none (speculation off)"
     lines = [
         f"# spectool tune: {', '.join(methods)} compared on {first.result.engine}",
+        "",
+        f"**Deployed: {choice.chosen}**, draft_len_schedule (batch size -> draft length) "
+        f"{schedule}. A schedule switches draft lengths, not methods, so one method is deployed "
+        f"with its own schedule. {choice.why}.",
+        "",
+        "## Comparison",
         "",
         f"Target: `{first.resolved.report.target.ref}`. Each method was tuned against the same "
         "target without speculation on its own server (paired blocks); a cell is the chosen "
@@ -278,4 +287,25 @@ def comparison_markdown(outcomes: Sequence[TuneOutcome], choice: MethodChoice) -
     if notes:
         lines += ["", "Pruned by prediction (not confirmed):", ""]
         lines += [f"- {n}" for n in notes]
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, *_figures(outcomes, choice.chosen)]) + "\n"
+
+
+def _figures(outcomes: Sequence[TuneOutcome], chosen: str) -> list[str]:
+    """Every method's figures that were drawn (matplotlib installed), the deployed method's
+    first, linked from its folder; the details are in its own report."""
+    lines = ["", "## Figures", ""]
+    drawn = 0
+    for o in sorted(outcomes, key=lambda o: o.resolved.method != chosen):
+        m = o.resolved.method
+        pngs = [name for name in PLOT_NAMES if (o.out / name).is_file()]
+        if not pngs:
+            continue
+        drawn += len(pngs)
+        lines += [f"### {m}{' (deployed)' if m == chosen else ''}: [details]({m}/report.md)", ""]
+        lines += [
+            f"![{m}: {name.removesuffix('.png').replace('_', ' ')}]({m}/{name})" for name in pngs
+        ]
+        lines.append("")
+    if drawn == 0:
+        lines.append("No figures were drawn (they need matplotlib: pip install 'spectool[plots]').")
+    return lines

@@ -83,7 +83,59 @@ def test_no_arguments_say_which_engine_and_model_and_why() -> None:
     note = " ".join(line.strip() for line in lines[:-1])
     assert "no TARGET given" in note and "spectool:demo-target + spectool:demo-drafter" in note
     assert "embedded torch engine" in note and "TensorRT-LLM serves build folders" in note
+    assert "for measuring speed, not for answers" in note  # the demo says what it is
     assert error.startswith("spectool: error:") and str(port) in error
+
+
+def _busy_port_serve(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """stderr of ``serve ARGV`` on a busy port: everything said before the server would start."""
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        port = blocker.getsockname()[1]
+        assert main(["serve", *argv, "--port", str(port), "--device", "cpu"]) == 2
+    return " ".join(capsys.readouterr().err.split())
+
+
+def test_the_demo_says_what_it_is_once_at_start_up(
+    target_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for argv in ([], ["spectool:demo-target"], ["spectool:demo-target", "spectool:demo-drafter"]):
+        said = _busy_port_serve(argv, capsys)
+        assert said.count("tiny model trained on Python standard-library code") == 1, said
+        assert "for measuring speed, not for answers" in said and "lines like '#'" in said
+    assert "not for answers" not in _busy_port_serve([str(target_dir)], capsys)
+
+
+def test_the_demo_says_what_it_is_in_v1_models(
+    target_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fastapi.testclient import TestClient
+
+    import spectool.server.run as run
+    from spectool.server.app import create_app
+
+    served: list[dict] = []
+
+    def record(*_args: object, **kwargs: object) -> None:
+        served.append(kwargs)
+
+    monkeypatch.setattr(run, "serve_checkpoint", record)
+    for argv in (["spectool:demo-target"], [str(target_dir)]):
+        assert main(["serve", *argv, "--port", "0", "--device", "cpu"]) == 0
+    capsys.readouterr()
+    demo, other = (kwargs["description"] for kwargs in served)
+    assert "for measuring speed, not for answers" in demo and other is None
+
+    def unloadable() -> None:
+        raise RuntimeError("not loaded in this test")
+
+    for description in (demo, other):
+        app = create_app(unloadable, model_name="demo-target", description=description)
+        with TestClient(app) as client:
+            card = client.get("/v1/models").json()["data"][0]
+        assert card["id"] == "demo-target" and card.get("description") == description
+        assert ("description" in card) == (description is not None)
 
 
 def test_a_folder_that_is_neither_build_nor_model_is_refused_before_serving(

@@ -1,0 +1,199 @@
+"""The options of ``spectool tune``, in help panels, and their engine-dependent defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from spectool.cli.help import (
+    ADVANCED,
+    ENGINE,
+    LOAD,
+    MAIN,
+    OUTPUT,
+    PREDICTION,
+    WORKLOAD,
+    option,
+)
+from spectool.cli.options import (
+    GpuOpt,
+    MaxBatchOpt,
+    shared_help_defaults,
+)
+
+TuneEngineOpt = Annotated[
+    str,
+    typer.Option(
+        "--engine",
+        help="auto (trtllm when trtllm-serve is installed, else torch), trtllm, or torch "
+        "(spectool's embedded engine).",
+        rich_help_panel=MAIN,
+    ),
+]
+ConcurrencyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--concurrency",
+        help="Comma-separated concurrency levels; the largest is the server's batch limit.",
+        rich_help_panel=LOAD,
+    ),
+]
+WorkloadOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--workload",
+        help="Prompt JSONL file (Spec-Bench question.jsonl or {prompt, max_tokens?, category?} "
+        "lines).",
+        show_default="built-in prompts from the Python standard library",
+        rich_help_panel=WORKLOAD,
+    ),
+]
+NumPromptsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--num-prompts",
+        help="Measured requests per trial, at least 2 x concurrency.",
+        rich_help_panel=WORKLOAD,
+    ),
+]
+MaxTokensOpt = Annotated[
+    int | None,
+    typer.Option("--max-tokens", help="Output tokens per request.", rich_help_panel=WORKLOAD),
+]
+RepeatsOpt = Annotated[
+    int,
+    typer.Option("--repeats", help="Trials per measured cell, pooled.", rich_help_panel=LOAD),
+]
+TuneOutOpt = Annotated[Path, typer.Option("--out", help="Output folder.", rich_help_panel=MAIN)]
+ResumeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--resume",
+        help="Continue a run in --out; finished trials are not redone.",
+        rich_help_panel=OUTPUT,
+    ),
+]
+ForceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--force",
+        help="Start over in an --out that holds earlier results.",
+        rich_help_panel=OUTPUT,
+    ),
+]
+DeviceOpt = Annotated[
+    str,
+    typer.Option("--device", help="torch: cpu, cuda, cuda:N or auto.", rich_help_panel=ENGINE),
+]
+DtypeOpt = Annotated[
+    str,
+    typer.Option("--dtype", help="torch: float32, bfloat16, float16.", rich_help_panel=ENGINE),
+]
+ThreadsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--threads",
+        help="torch: server threads.",
+        show_default="all cores but one",
+        rich_help_panel=ENGINE,
+    ),
+]
+ReadyTimeoutOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--ready-timeout",
+        help="Seconds a server may take to load.",
+        rich_help_panel=ADVANCED,
+    ),
+]
+ConfidenceOpt = Annotated[
+    float,
+    typer.Option(
+        "--confidence", help="Confidence of the decision's intervals.", rich_help_panel=ADVANCED
+    ),
+]
+SeedOpt = Annotated[
+    int,
+    typer.Option("--seed", help="Seed of the prompts and the bootstrap.", rich_help_panel=ADVANCED),
+]
+BudgetOpt = Annotated[
+    float,
+    typer.Option(
+        "--budget",
+        help="Seconds of measuring per speculative cell: paired blocks are added until the "
+        "cell is settled or this is spent (then it is inconclusive).",
+        rich_help_panel=LOAD,
+    ),
+]
+ObjectiveOpt = Annotated[
+    str,
+    typer.Option(
+        "--objective",
+        help="What decides, paired per cell from the client's records of both arms: tpot "
+        "(time per output token after the first, what each user feels), e2e (request latency), "
+        "ttft, throughput, or steps (the engine's decode steps, the cost inequality).",
+        rich_help_panel=LOAD,
+    ),
+]
+TemperatureOpt = Annotated[
+    float,
+    typer.Option(
+        "--temperature",
+        help="Sampling temperature of every request (0: greedy). Acceptance falls as it "
+        "rises, so tune at your traffic's temperature.",
+        rich_help_panel=LOAD,
+    ),
+]
+MinGainOpt = Annotated[
+    float,
+    typer.Option(
+        "--min-gain",
+        help="Choose speculation only if it beats the baseline by this fraction.",
+        rich_help_panel=ADVANCED,
+    ),
+]
+
+
+PredictOnlyOpt = Annotated[
+    bool,
+    typer.Option(
+        "--predict-only",
+        help="Measure nothing: decision.json and the build from the step-cost model (predicted, "
+        "not measured; torch: CPU probe, trtllm: engine defaults for --gpu).",
+        rich_help_panel=PREDICTION,
+    ),
+]
+AcceptanceFromOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--acceptance-from",
+        help="--predict-only: acceptance measured by an earlier tune run (its folder or tune.json).",
+        show_default="none",
+        rich_help_panel=PREDICTION,
+    ),
+]
+
+TuneGpuOpt = option(GpuOpt, panel=ENGINE)
+TuneMaxBatchOpt = option(MaxBatchOpt, default="the largest --concurrency")
+
+
+def help_defaults() -> dict[str, str]:
+    """The defaults that depend on the engine, from the table the run uses."""
+    from spectool.check import DEFAULT_MAX_SEQ_LEN
+    from spectool.deploy.limits import TORCH_DEFAULT_MAX_SEQ_LEN
+    from spectool.tuning.request import ENGINE_DEFAULTS
+
+    def per_engine(show: Any) -> str:
+        return "; ".join(f"{engine}: {show(d)}" for engine, d in ENGINE_DEFAULTS.items())
+
+    return {
+        **shared_help_defaults(),
+        "concurrency": per_engine(lambda d: ",".join(map(str, d.concurrencies))),
+        "num_prompts": per_engine(lambda d: d.num_prompts),
+        "max_tokens": per_engine(lambda d: d.max_tokens),
+        "ready_timeout": per_engine(lambda d: f"{d.ready_timeout_s:g}"),
+        "max_seq_len": f"torch: {TORCH_DEFAULT_MAX_SEQ_LEN}; trtllm: the model's, at most "
+        f"{DEFAULT_MAX_SEQ_LEN}",
+    }
