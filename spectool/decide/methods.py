@@ -346,6 +346,12 @@ def _why(
             f"; proven equivalent to the best within {TIE_MARGIN:.0%} (score ratio to the best: "
             f"{proven}), and the cheapest of them to serve"
         )
+    lower = [s.method for s in scores if s.mean_ratio < mine.mean_ratio and s.method != chosen]
+    if lower:
+        text += (
+            f"; ahead of {', '.join(lower)} by the head-to-head measurement (the same window "
+            "and prompts), which replaces the separate runs' ratios where both speculate"
+        )
     if uncertain:
         doubt = ", ".join(
             f"{m} {by_method[m].vs_best:.3f} ({by_method[m].vs_best_low:.3f}-"

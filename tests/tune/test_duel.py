@@ -176,3 +176,19 @@ def test_the_comparison_measures_head_to_head_only_when_the_rival_is_not_proven_
     far = outcomes_for([_scaled(base, "ngram", 1.3, 1.02), _scaled(base, "draft_model", 1, 1.02)])
     done = compare.run_methods(resolved, lambda r, rival, bl: far[r.method], duel=duel)
     assert asked == [] and not done.choice.duel and done.choice.chosen == "draft_model"
+
+
+def test_a_choice_against_the_separate_estimates_says_the_head_to_head_decided() -> None:
+    from tests.decide.test_methods import STRONG, _run, _scaled
+
+    base, _ = _run(STRONG, "draft_model")
+    ngram, draft = _scaled(base, "ngram", 1.03, 1.9), _scaled(base, "draft_model", 1.0, 1.9)
+    est = duel_estimate(_pairs(17.0, 20.0, 8, lambda t: 1.0), ("ngram", "draft_model"))
+    duel = [
+        replace(est, concurrency=c, ks=(base.choices[c], base.choices[c]))
+        for c in base.concurrencies
+        if base.choices[c] > 0
+    ]
+    choice = choose_method([ngram, draft], duel=duel)
+    assert choice.chosen == "ngram"
+    assert "ahead of draft_model by the head-to-head measurement" in choice.why
