@@ -65,6 +65,7 @@ class RequestOptions:
 
     api: Api = "completions"
     temperature: float = 0.0
+    top_p: float = 1.0
     fixed_length: bool = True
     continuous_usage: bool = True
     timeout_s: float = 600.0
@@ -74,6 +75,8 @@ class RequestOptions:
             raise BadInputError("api", f"must be 'completions' or 'chat', got {self.api!r}")
         if not self.temperature >= 0:
             raise BadInputError("temperature", f"must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise BadInputError("top_p", f"must be in (0, 1], got {self.top_p}")
         if not self.timeout_s > 0:
             raise BadInputError("timeout", f"must be > 0 s, got {self.timeout_s}")
 
@@ -93,9 +96,17 @@ class StreamResult:
 
 
 def request_body(
-    model: str, prompt: str, max_tokens: int, options: RequestOptions
+    model: str, prompt: str | Prompt, max_tokens: int, options: RequestOptions
 ) -> dict[str, Any]:
-    """The JSON body of one streaming request (no logprobs, ever)."""
+    """The JSON body of one streaming request (no logprobs, ever).
+
+    A :class:`Prompt` that carries its own ``temperature``, ``top_p`` or ``stop`` (an OpenAI
+    request log) is sent with them; otherwise ``options`` apply. ``top_p`` is sent only when it
+    is not 1 (the OpenAI default), so bodies of greedy runs are unchanged.
+    """
+    own = prompt.sampling() if isinstance(prompt, Prompt) else {}
+    if isinstance(prompt, Prompt):
+        prompt = prompt.text
     if max_tokens < 1:
         raise BadInputError("max_tokens", f"must be >= 1, got {max_tokens}")
     stream_options: dict[str, bool] = {"include_usage": True}
@@ -108,10 +119,15 @@ def request_body(
         body["prompt"] = prompt
     body.update(
         max_tokens=max_tokens,
-        temperature=options.temperature,
+        temperature=own.get("temperature", options.temperature),
         stream=True,
         stream_options=stream_options,
     )
+    top_p = own.get("top_p", options.top_p)
+    if top_p != 1.0 or "top_p" in own:
+        body["top_p"] = top_p
+    if "stop" in own:
+        body["stop"] = list(own["stop"])
     if options.fixed_length:
         body.update(ignore_eos=True, min_tokens=max_tokens)
     return body
@@ -296,7 +312,7 @@ class StreamingClient:
     async def _stream_once(
         self, prompt: Prompt, request_id: str, max_tokens: int, options: RequestOptions
     ) -> StreamResult:
-        body = request_body(self.model, prompt.text, max_tokens, options)
+        body = request_body(self.model, prompt, max_tokens, options)
         url = f"{self.base_url}/v1/{'chat/completions' if options.api == 'chat' else 'completions'}"
         chunks: list[StreamChunk] = []
         usage: dict[str, Any] = {}

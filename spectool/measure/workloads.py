@@ -18,7 +18,10 @@ User files (:func:`load_workload_file`), one JSON object per line, blank lines i
 
 * Spec-Bench ``question.jsonl``: ``{"question_id", "category", "turns": [...]}``; the first turn
   is the prompt (further keys such as ``reference`` are ignored);
-* prompt lines: ``{"prompt": str, "max_tokens"?: int, "category"?: str}``.
+* prompt lines: ``{"prompt": str, "max_tokens"?: int, "category"?: str}``, which may also be
+  OpenAI ``/v1/completions`` request bodies: ``max_completion_tokens``, ``temperature``,
+  ``top_p`` and ``stop`` are kept per prompt; ``model``, ``stream``, ``stream_options``,
+  ``seed``, ``user`` are ignored; ``n`` other than 1 is refused.
 """
 
 from __future__ import annotations
@@ -59,18 +62,36 @@ _QA_QUESTIONS: tuple[str, ...] = (
 )
 
 
+_PROMPT_KEYS = frozenset(
+    {"prompt", "category", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop"}
+)
+# Keys of an OpenAI /v1/completions request that do not change what is generated: ignored
+# ('n' must be 1, checked).
+_IGNORED_OPENAI_KEYS = frozenset({"model", "stream", "stream_options", "seed", "user", "n"})
+
+
 @dataclass(frozen=True)
 class Prompt:
     """One prompt of a workload.
 
     ``max_tokens`` is the prompt's own output length when its source gave one (prompt JSONL);
-    None means the run's default output length applies.
+    None means the run's default output length applies. ``temperature``, ``top_p`` and ``stop``
+    are the prompt's own sampling settings (an OpenAI request log); None means the trial's
+    request options apply.
     """
 
     prompt_id: str
     category: str
     text: str
     max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: tuple[str, ...] | None = None
+
+    def sampling(self) -> dict[str, Any]:
+        """The prompt's own sampling settings that are set (empty for older formats)."""
+        fields = {"temperature": self.temperature, "top_p": self.top_p, "stop": self.stop}
+        return {k: v for k, v in fields.items() if v is not None}
 
 
 def workload_id(prompts: Sequence[Prompt]) -> str:
@@ -78,7 +99,11 @@ def workload_id(prompts: Sequence[Prompt]) -> str:
     same prompts, so a resumed run can tell whether its saved trials still apply."""
     digest = hashlib.sha256()
     for p in prompts:
-        line = json.dumps([p.prompt_id, p.category, p.text, p.max_tokens], ensure_ascii=False)
+        fields: list[Any] = [p.prompt_id, p.category, p.text, p.max_tokens]
+        extra = p.sampling()
+        if extra:  # only when set: ids of older workloads (and their saved trials) stay valid
+            fields.append({k: list(v) if isinstance(v, tuple) else v for k, v in extra.items()})
+        line = json.dumps(fields, ensure_ascii=False)
         digest.update(line.encode("utf-8") + b"\n")
     return "sha256:" + digest.hexdigest()[:16]
 
@@ -300,23 +325,53 @@ def _prompt_from_line(path: Path, number: int, obj: Any) -> Prompt:
         if isinstance(qid, bool) or not isinstance(qid, (int, str)):
             raise bad("'question_id' must be an integer or a string")
         return Prompt(str(qid), _optional_category(path, number, obj), first)
-    if "prompt" in obj:
-        unknown = sorted(set(obj) - {"prompt", "max_tokens", "category"})
+    if "prompt" in obj:  # a prompt line, or a /v1/completions request body
+        unknown = sorted(set(obj) - _PROMPT_KEYS - _IGNORED_OPENAI_KEYS)
         if unknown:
             raise bad(
-                f"unknown key(s) {', '.join(map(repr, unknown))}; a prompt line has "
-                "'prompt', optional 'max_tokens' and 'category'"
+                f"unknown key(s) {', '.join(map(repr, unknown))}; a prompt line has 'prompt', "
+                "optional 'max_tokens', 'category', 'temperature', 'top_p', 'stop'"
             )
+        if obj.get("n", 1) != 1:
+            raise bad(f"'n' must be 1 (one completion per request), got {obj['n']!r}")
         prompt = obj["prompt"]
         if not isinstance(prompt, str) or not prompt.strip():
             raise bad("'prompt' must be a non-empty string")
-        max_tokens = obj.get("max_tokens")
+        if "max_tokens" in obj and "max_completion_tokens" in obj:
+            raise bad("give 'max_tokens' or 'max_completion_tokens', not both")
+        max_tokens = obj.get("max_tokens", obj.get("max_completion_tokens"))
         if max_tokens is not None and (
             isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
         ):
             raise bad(f"'max_tokens' must be an integer >= 1, got {max_tokens!r}")
+        temperature = obj.get("temperature")
+        if temperature is not None and (
+            isinstance(temperature, bool)
+            or not isinstance(temperature, (int, float))
+            or not 0 <= temperature <= 2
+        ):
+            raise bad(f"'temperature' must be a number in [0, 2], got {temperature!r}")
+        top_p = obj.get("top_p")
+        if top_p is not None and (
+            isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1
+        ):
+            raise bad(f"'top_p' must be a number in (0, 1], got {top_p!r}")
+        stop = obj.get("stop")
+        stops = [stop] if isinstance(stop, str) else stop
+        if stops is not None and (
+            not isinstance(stops, list)
+            or len(stops) > 4
+            or not all(isinstance(x, str) and x for x in stops)
+        ):
+            raise bad("'stop' must be a non-empty string or a list of at most 4 of them")
         return Prompt(
-            f"{path.stem}:{number}", _optional_category(path, number, obj), prompt, max_tokens
+            f"{path.stem}:{number}",
+            _optional_category(path, number, obj),
+            prompt,
+            max_tokens,
+            None if temperature is None else float(temperature),
+            None if top_p is None else float(top_p),
+            None if stops is None else tuple(stops),
         )
     raise bad("expected Spec-Bench keys ('question_id', 'category', 'turns') or a 'prompt' key")
 

@@ -402,20 +402,28 @@ def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Pat
     )
 
 
-def _exact_second_and_third(folder: Path) -> torch.Tensor:
-    """P(x2, x3 | PROMPT) = sum over x1 of p(x1) p(x2 | x1) p(x3 | x1, x2), shape [V, V]."""
+def _exact_second_and_third(folder: Path, top_p: float = 1.0) -> torch.Tensor:
+    """P(x2, x3 | PROMPT) = sum over x1 of p(x1) p(x2 | x1) p(x3 | x1, x2), shape [V, V];
+    each p is the target's softmax cut to its top-p nucleus and renormalised."""
+    from spectool.engine.sampling import RowSampling, process_logits
+
+    row = RowSampling(SamplingParams(temperature=1.0, top_p=top_p), None)
+
+    def softmax(logits: torch.Tensor, dim: int) -> torch.Tensor:
+        assert dim == -1
+        flat = logits.reshape(-1, 1, logits.shape[-1])
+        return process_logits(flat, [row] * flat.shape[0]).reshape(logits.shape)
+
     model = load_model(folder, max_seq_len=16)
     vocab = TINY_VOCAB
     with torch.inference_mode():
-        p1 = torch.softmax(model(torch.tensor([PROMPT]), torch.arange(4)[None])[0, -1].double(), -1)
+        p1 = softmax(model(torch.tensor([PROMPT]), torch.arange(4)[None])[0, -1].double(), -1)
         x1 = torch.arange(vocab)[:, None]
         ctx1 = torch.cat([torch.tensor([PROMPT]).expand(vocab, 4), x1], 1)
-        p2 = torch.softmax(model(ctx1, torch.arange(5).expand(vocab, 5))[:, -1].double(), -1)
+        p2 = softmax(model(ctx1, torch.arange(5).expand(vocab, 5))[:, -1].double(), -1)
         pairs = torch.cartesian_prod(torch.arange(vocab), torch.arange(vocab))  # [V*V, 2]
         ctx2 = torch.cat([torch.tensor([PROMPT]).expand(vocab * vocab, 4), pairs], 1)
-        p3 = torch.softmax(
-            model(ctx2, torch.arange(6).expand(vocab * vocab, 6))[:, -1].double(), -1
-        )
+        p3 = softmax(model(ctx2, torch.arange(6).expand(vocab * vocab, 6))[:, -1].double(), -1)
     p3 = p3.view(vocab, vocab, vocab)  # [x1, x2, x3]
     return torch.einsum("a,ab,abc->bc", p1, p2, p3)
 
@@ -427,9 +435,11 @@ def _pair_counts(outputs: list[list[int]]) -> torch.Tensor:
     return counts
 
 
-@pytest.mark.parametrize("method", ["draft_model", "eagle3"])
+@pytest.mark.parametrize(
+    ("method", "top_p"), [("draft_model", 1.0), ("eagle3", 1.0), ("draft_model", 0.9)]
+)
 def test_engine_sampling_preserves_target_distribution(
-    tiny_pair: tuple[Path, Path, Path], method: str
+    tiny_pair: tuple[Path, Path, Path], method: str, top_p: float
 ) -> None:
     target, drafter, head = tiny_pair
     engine = Engine(
@@ -438,7 +448,7 @@ def test_engine_sampling_preserves_target_distribution(
         EngineConfig(method=method, max_draft_len=2, max_batch_size=64),
     )
     params = [
-        SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True, seed=s)
+        SamplingParams(temperature=1.0, top_p=top_p, max_tokens=4, ignore_eos=True, seed=s)
         for s in range(ENGINE_DRAWS)
     ]
     outputs = engine.generate([PROMPT] * ENGINE_DRAWS, params)
@@ -447,7 +457,9 @@ def test_engine_sampling_preserves_target_distribution(
     accepted = sum(s.num_accepted_tokens for s in stats)
     assert 0.1 * drafted < accepted < 0.9 * drafted  # many acceptances and many rejections
     counts = _pair_counts(outputs)
-    exact = _exact_second_and_third(target)
+    exact = _exact_second_and_third(target, top_p)
+    if top_p < 1.0:  # the nucleus really cuts: the untruncated law is rejected by the same test
+        assert chi_square_pvalue(counts, _exact_second_and_third(target)) < 1e-3
     assert chi_square_pvalue(counts.sum(1), exact.sum(1)) > 1e-3
     assert chi_square_pvalue(counts, exact) > 1e-3
     if method == "draft_model":

@@ -168,3 +168,16 @@ def test_bad_url_is_bad_input() -> None:
 
     with pytest.raises(BadInputError, match="expected http"):
         StreamingClient("localhost:8000", MODEL_NAME)
+
+
+def test_request_body_sends_the_prompts_own_sampling() -> None:
+    from spectool.errors import BadInputError
+    from spectool.measure.workloads import Prompt
+
+    own = Prompt("p", "c", "hi", 5, temperature=0.7, top_p=0.9, stop=("\n", "END"))
+    body = request_body("m", own, 5, RequestOptions(temperature=0.0))
+    assert (body["temperature"], body["top_p"], body["stop"]) == (0.7, 0.9, ["\n", "END"])
+    default = request_body("m", Prompt("q", "c", "hi"), 5, RequestOptions(top_p=0.5))
+    assert default["top_p"] == 0.5 and "stop" not in default
+    with pytest.raises(BadInputError, match="top_p"):
+        RequestOptions(top_p=0.0)

@@ -173,3 +173,22 @@ def test_workload_id_follows_content_and_order() -> None:
     assert workload_id([a, b]) == workload_id([Prompt("1", "x", "one"), b])
     assert workload_id([a, b]) != workload_id([b, a])
     assert workload_id([a, b]) != workload_id([a, Prompt("2", "x", "two", 5)])
+
+
+def test_openai_completions_log_keeps_per_request_sampling(tmp_path: Path) -> None:
+    body = {"model": "m", "prompt": "Hi.", "max_completion_tokens": 9, "temperature": 0.8}
+    path = _write_lines(
+        tmp_path / "log.jsonl",
+        [
+            json.dumps({**body, "top_p": 0.9, "stop": "\n", "stream": True, "n": 1}),
+            json.dumps({"prompt": "Plain.", "max_tokens": 4}),
+        ],
+    )
+    first, second = load_workload_file(path)
+    assert first == Prompt("log:1", "default", "Hi.", 9, 0.8, 0.9, ("\n",))
+    assert second.sampling() == {}
+    assert workload_id([second]) == workload_id([Prompt("log:2", "default", "Plain.", 4)])
+    assert workload_id([first]) != workload_id([Prompt("log:1", "default", "Hi.", 9)])
+    bad = _write_lines(tmp_path / "bad.jsonl", [json.dumps({**body, "n": 2})])
+    with pytest.raises(BadInputError, match="line 1: 'n' must be 1"):
+        load_workload_file(bad)
