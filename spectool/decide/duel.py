@@ -28,8 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from spectool.decide.cell import CellMeasurement
-from spectool.decide.cost import iteration_terms, request_terms
+from spectool.decide.cost import source_terms
 from spectool.decide.paired import weighted_ratio
+from spectool.decide.verdict import Source
 from spectool.errors import BadInputError
 
 MIN_PAIRS = 2
@@ -66,7 +67,7 @@ class DuelEstimate:
     log_ratios: tuple[float, ...]
     prompts_covered: int = 0
     workload_prompts: int = 0
-    source: str = "iterations"
+    source: Source = "iterations"
 
     @property
     def pairs(self) -> int:
@@ -92,10 +93,8 @@ class DuelEstimate:
         }
 
 
-def _ms_and_tokens(cell: CellMeasurement, source: str) -> tuple[float, float]:
-    num, den = (
-        iteration_terms(cell.iterations) if source == "iterations" else request_terms(cell.records)
-    )
+def _ms_and_tokens(cell: CellMeasurement, source: Source) -> tuple[float, float]:
+    num, den = source_terms(cell, source)
     if den.size == 0 or den.sum() <= 0:
         raise BadInputError(
             f"head-to-head block (concurrency={cell.concurrency}, k={cell.k})",
@@ -118,7 +117,9 @@ def duel_estimate(
     ks = (pairs[0].a.k, pairs[0].b.k)
     if any((p.a.concurrency, p.a.k, p.b.k) != (c, *ks) for p in pairs):
         raise BadInputError("head-to-head", "pairs of different cells")
-    source = "iterations" if all(p.a.iterations and p.b.iterations for p in pairs) else "requests"
+    source: Source = (
+        "iterations" if all(p.a.iterations and p.b.iterations for p in pairs) else "requests"
+    )
     logs, tokens = [], []
     for p in pairs:
         ms_a, _ = _ms_and_tokens(p.a, source)
