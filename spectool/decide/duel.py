@@ -30,7 +30,7 @@ import numpy as np
 from spectool.decide.cell import CellMeasurement
 from spectool.decide.cost import source_terms
 from spectool.decide.paired import weighted_ratio
-from spectool.decide.verdict import Source
+from spectool.decide.verdict import OBJECTIVES, Source
 from spectool.errors import BadInputError
 
 MIN_PAIRS = 2
@@ -109,15 +109,19 @@ def duel_estimate(
     *,
     prompts_covered: int = 0,
     workload_prompts: int = 0,
+    objective: str = "steps",
 ) -> DuelEstimate:
-    """The head-to-head estimate from ``pairs`` (at least :data:`MIN_PAIRS`)."""
+    """The head-to-head estimate from ``pairs`` (at least :data:`MIN_PAIRS`), comparing what
+    ``objective`` compares (:data:`~spectool.decide.verdict.OBJECTIVES`), as the cells did."""
     if len(pairs) < MIN_PAIRS:
         raise BadInputError("head-to-head", f"need {MIN_PAIRS} pairs, got {len(pairs)}")
     c = pairs[0].a.concurrency
     ks = (pairs[0].a.k, pairs[0].b.k)
     if any((p.a.concurrency, p.a.k, p.b.k) != (c, *ks) for p in pairs):
         raise BadInputError("head-to-head", "pairs of different cells")
-    source: Source = (
+    if objective not in OBJECTIVES:
+        raise BadInputError("--objective", f"unknown objective {objective!r}")
+    source: Source = OBJECTIVES[objective] or (
         "iterations" if all(p.a.iterations and p.b.iterations for p in pairs) else "requests"
     )
     logs, tokens = [], []

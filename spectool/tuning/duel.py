@@ -133,7 +133,11 @@ def _measure_at(
         if len(pairs) % every:
             continue
         estimate = duel_estimate(
-            pairs, methods, prompts_covered=len(sent), workload_prompts=workload
+            pairs,
+            methods,
+            prompts_covered=len(sent),
+            workload_prompts=workload,
+            objective=req.objective,
         )
         if (
             decided(estimate, confidence=req.confidence, margin=TIE_MARGIN, looks=looks)

@@ -13,6 +13,7 @@ import pytest
 
 from spectool.decide.duel import DuelPair, decided, duel_estimate
 from spectool.decide.methods import choose_method
+from spectool.errors import BadInputError
 from spectool.tuning.trials import pooled_cell
 
 from .test_pairing import K, Machine
@@ -42,6 +43,9 @@ def test_head_to_head_cancels_the_machines_drift_and_proves_a_gap_or_a_tie() -> 
     low, high = slower.interval(2.0)
     assert low > 1.0
     same = duel_estimate(_pairs(20.0, 20.0, 8, drifting), ("ngram", "draft_model"))
+    assert same.source == "iterations"  # objective "steps"
+    with pytest.raises(BadInputError, match="objective"):
+        duel_estimate(_pairs(20.0, 20.0, 2, drifting), ("a", "b"), objective="speed")
     assert same.ratio == pytest.approx(1.0, abs=0.03)
     assert decided(same, confidence=0.95, margin=0.05)  # proven equivalent
     data = json.loads(json.dumps(same.to_json()))
@@ -107,6 +111,7 @@ def test_a_real_head_to_head_runs_both_servers_and_resumes(
     assert len(estimates) == 1 and messages
     est = estimates[0]
     assert est.methods == ("draft_model", "ngram") and est.ks == (2, 1)
+    assert est.source == "requests"  # the run's objective (tpot), as its cells compared
     # budget 0: one look, after a whole pass over the 4 prompts (2 a block at concurrency 1,
     # so 2 pairs a pass, repeated to the 4 pairs of a look)
     assert est.pairs == 4 and est.prompts_covered == est.workload_prompts == 4
