@@ -252,7 +252,7 @@ def tune(
     """Measure baseline and speculation per concurrency; write the best draft length per
     concurrency (draft_len_schedule), decision.json, tune.json, report.md and plots to --out.
 
-    No arguments: the demo profile's three methods on the embedded engine, compared (about 15
+    No arguments: the demo profile's three methods on the embedded engine, compared (about 5
     minutes on 2 CPU cores). Main options first; the other panels follow a run's order.
     """
     from spectool.tuning.request import TuneRequest, parse_concurrencies
@@ -346,23 +346,27 @@ def _run(
     from spectool.tuning.duel import run_duel
     from spectool.tuning.request import resolve
     from spectool.tuning.session import run_tune
+    from spectool.tuning.together import can_share, run_joint
 
     if len(requests) == 1:
         return run_tune(resolve(requests[0]), progress=progress, should_stop=stop)
     resolved = resolve_all(requests)
+    duel = lambda a, b, concs: run_duel(  # noqa: E731
+        a,
+        b,
+        concs,
+        on_message=None if progress is None else progress.on_message,
+        should_stop=stop,
+    )
+    if can_share(resolved):  # one server holds every method: cells measured together
+        return run_joint(resolved, progress=progress, should_stop=stop, duel=duel)
     return run_methods(
         resolved,
         lambda r, rival, baselines: run_tune(
             r, progress=progress, should_stop=stop, rival=rival, baselines=baselines
         ),
         on_message=None if progress is None else progress.on_message,
-        duel=lambda a, b, concs: run_duel(
-            a,
-            b,
-            concs,
-            on_message=None if progress is None else progress.on_message,
-            should_stop=stop,
-        ),
+        duel=duel,
     )
 
 

@@ -99,9 +99,11 @@ def poll_health(
     spectool starts (``serve``, ``tune``'s drivers) waits through this one loop; callers turn the
     outcome into their own error, with their own log tail.
     """
+    from spectool.measure.client import tls_context
+
     start = time.perf_counter()
     last = "no answer"
-    with httpx.Client(timeout=httpx.Timeout(min(5.0, timeout_s))) as client:
+    with httpx.Client(timeout=httpx.Timeout(min(5.0, timeout_s)), verify=tls_context()) as client:
         while True:
             if stopped():
                 return HealthWait("stopped", time.perf_counter() - start, last)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -34,8 +34,9 @@ from spectool.engine.config import (
     scheduled_draft_len,
 )
 from spectool.engine.load import load_model, resolve_dtype
+from spectool.engine.methods_held import MethodSwitching, build_proposers, check_methods
 from spectool.engine.model import Transformer, pack_rows
-from spectool.engine.proposers import Proposer, ProposerContext, proposer_spec
+from spectool.engine.proposers import Proposer, ProposerContext
 from spectool.engine.records import (
     PREFILL_PADDING_SLACK,
     IterationStats,
@@ -67,7 +68,7 @@ _REEXPORTED = (METHODS, PREFILL_PADDING_SLACK, prefill_groups)
 MAX_STATS_RECORDS = 1000
 
 
-class Engine:
+class Engine(MethodSwitching):
     """Serve requests for one target checkpoint, optionally speculating with a drafter.
 
     ``target_path`` / ``drafter_path``: Hugging Face folders (config.json, safetensors,
@@ -79,9 +80,11 @@ class Engine:
         target_path: Path,
         drafter_path: Path | None = None,
         config: EngineConfig = EngineConfig(),  # noqa: B008 (frozen, safe to share)
+        alternatives: Mapping[str, Path | None] | None = None,
     ) -> None:
         target_path = Path(target_path)
-        spec = proposer_spec(config.method, has_checkpoint=drafter_path is not None)
+        methods: dict[str, Path | None] = {config.method: drafter_path, **(alternatives or {})}
+        check_methods(methods)
         self.config = config
         self.device = resolve_device(config.device)
         dtype = resolve_dtype(config.dtype)
@@ -97,29 +100,26 @@ class Engine:
         self.vocab_size = self.target.args.vocab_size
         self.max_seq_len = self.target.max_seq_len
         self.max_draft_len = 0 if config.method == "none" else config.max_draft_len
-        self._proposer: Proposer | None = None
-        if spec is not None:
-            self._proposer = spec.factory(
-                ProposerContext(
-                    target=self.target,
-                    target_path=target_path,
-                    tokenizer=self.tokenizer,
-                    checkpoint=Path(drafter_path) if drafter_path is not None else None,
-                    config=config,
-                    device=self.device,
-                    dtype=dtype,
-                    max_batch_size=config.max_batch_size,
-                    max_seq_len=self.max_seq_len,
-                )
-            )
-            self.max_seq_len = min(self.max_seq_len, self._proposer.max_seq_len)
-        # The drafter's network, where the proposer runs one (benchmarks read its weights).
-        self.drafter: torch.nn.Module | None = getattr(self._proposer, "model", None)
-        self._cache = self.target.new_cache(config.max_batch_size, self.max_seq_len)
-        # Target layers whose outputs the proposer reads (EAGLE-3): captured in prefill/verify.
-        self._hidden_layers: tuple[int, ...] = (
-            tuple(self._proposer.hidden_layers) if self._proposer is not None else ()
+        # One proposer per method: the configured one, and the alternatives a server that
+        # switches methods in place holds beside it (tune compares methods on one server).
+        self._proposers: dict[str, Proposer] = build_proposers(
+            methods,
+            lambda path: ProposerContext(
+                target=self.target,
+                target_path=target_path,
+                tokenizer=self.tokenizer,
+                checkpoint=Path(path) if path is not None else None,
+                config=config,
+                device=self.device,
+                dtype=dtype,
+                max_batch_size=config.max_batch_size,
+                max_seq_len=self.max_seq_len,
+            ),
         )
+        for proposer in self._proposers.values():
+            self.max_seq_len = min(self.max_seq_len, proposer.max_seq_len)
+        self._cache = self.target.new_cache(config.max_batch_size, self.max_seq_len)
+        self._use(config.method)
         self._lock = threading.Lock()
         self._queue: deque[_Request] = deque()
         self._aborts: set[int] = set()

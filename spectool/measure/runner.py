@@ -40,7 +40,7 @@ import asyncio
 import dataclasses
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -85,6 +85,15 @@ def _shift(record: RequestRecord, t0: float) -> RequestRecord:
     )
 
 
+def _iteration_numbers(payload: Any) -> list[int] | None:
+    """The ``iter`` numbers of a list of iteration records (None: not such a list)."""
+    if not isinstance(payload, list) or not all(
+        isinstance(e, dict) and isinstance(e.get("iter"), int) for e in payload
+    ):
+        return None
+    return [e["iter"] for e in payload]
+
+
 class _MetricsPoller:
     """Polls ``/metrics`` in the background; keeps every entry until the first failure."""
 
@@ -103,9 +112,16 @@ class _MetricsPoller:
         if self.error is not None:
             return
         path = self.path.format(after=self.after) if "{after}" in self.path else self.path
+        if not keep and self.paged and self.path.startswith("/spectool/"):
+            path += "&last=1"  # spectool's server: the newest record says where a trial starts
         where = self.client.base_url + path
         try:
             payload = await self.client.get_json(path)
+            if not keep and self.paged and _iteration_numbers(payload) is not None:
+                # only where the trial's iterations start: the numbers, not the records
+                # (a paged server returns its whole history here, up to 1000 records)
+                self.after = max(self.after, *_iteration_numbers(payload) or [self.after])
+                return
             parsed = parse_iteration_stats(payload, where=where)
         except Exception as e:  # no JSON iteration stats here: note it, stop polling
             self.error = f"{where}: {type(e).__name__}: {e}"
@@ -282,13 +298,19 @@ async def run_trials(
     metrics_interval_s: float = 0.5,
     poll_metrics: bool = True,
     metrics_path: str = METRICS_PATH,
+    finished: Mapping[str, TrialResult] | None = None,
 ) -> list[TrialResult]:
     """Run ``configs`` in order, skipping those already finished in ``results_path``.
 
     Each newly finished trial is appended to ``results_path`` before the next starts. Returns
-    one result per config, loaded or new, in the order of ``configs``.
+    one result per config, loaded or new, in the order of ``configs``. ``finished``: the
+    trials of ``results_path`` as the caller already holds them (a caller measuring block by
+    block passes them rather than have the growing file parsed again before every block).
     """
-    finished = load_trials(results_path) if results_path is not None else {}
+    if finished is not None:
+        finished = dict(finished)
+    else:
+        finished = load_trials(results_path) if results_path is not None else {}
     results: list[TrialResult] = []
     for config in configs:
         key = config.key()
@@ -323,6 +345,7 @@ def measure(
     metrics_interval_s: float = 0.5,
     poll_metrics: bool = True,
     metrics_path: str = METRICS_PATH,
+    finished: Mapping[str, TrialResult] | None = None,
 ) -> list[TrialResult]:
     """Blocking :func:`run_trials` against ``base_url`` (for the CLI, outside any event loop)."""
 
@@ -337,6 +360,7 @@ def measure(
                 metrics_interval_s=metrics_interval_s,
                 poll_metrics=poll_metrics,
                 metrics_path=metrics_path,
+                finished=finished,
             )
 
     return asyncio.run(main())

@@ -6,7 +6,8 @@ Endpoints: ``GET /health`` (503 while the model loads, 200 after; trtllm-serve's
 JSON, drained on read: see :mod:`spectool.server.metrics`) and ``GET /prometheus/metrics``
 (totals as Prometheus text, never drained). spectool's own: ``GET|POST /spectool/draft_len``
 (the draft length switched in place, for ``tune``'s paired blocks) and
-``GET /spectool/iterations?after=N`` (iteration stats paged by number, not drained).
+``GET /spectool/iterations?after=N[&last=M]`` (iteration stats paged by number, not drained;
+``last``: only the newest M of them).
 
 The model loads on a background thread once the app starts, so the socket answers ``/health``
 during the load. Every malformed request gets a 4xx JSON body in OpenAI's error shape
@@ -161,12 +162,15 @@ def create_app(
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/spectool/iterations")
-    async def iterations(after: int = -1) -> list[dict[str, Any]]:
+    async def iterations(after: int = -1, last: int | None = None) -> list[dict[str, Any]]:
         """Iteration records numbered above ``after``, not drained (spectool's own reader:
         another client reading ``/metrics`` cannot take them away)."""
         if state.driver is None:
             return []
-        return [iteration_stats_json(s) for s in state.driver.iterations_after(after)]
+        records = state.driver.iterations_after(after)
+        if last is not None:  # only the newest ``last`` (a reader finding where it starts)
+            records = records[len(records) - max(last, 0) :] if last > 0 else []
+        return [iteration_stats_json(s) for s in records]
 
     @app.get("/spectool/draft_len")
     async def get_draft_len() -> dict[str, Any]:
@@ -181,14 +185,18 @@ def create_app(
         with it); refused with 409 while requests are in flight."""
         driver = _ready_driver(state)
         try:
-            driver.set_draft_len(body.k)
+            driver.set_draft_len(body.k, method=body.method)
             logger.info(
-                "draft length set to %s", "the configured one" if body.k is None else body.k
+                "draft length set to %s%s",
+                "the configured one" if body.k is None else body.k,
+                "" if body.method is None else f", method {body.method}",
             )
         except EngineBusyError as exc:
             raise APIError(409, str(exc), param="k") from None
         except BadInputError as exc:
-            raise APIError(400, str(exc), param="k") from None
+            raise APIError(
+                400, str(exc), param="method" if exc.where == "method" else "k"
+            ) from None
         return _draft_len_json(driver)
 
     @app.post("/v1/completions")
@@ -284,11 +292,15 @@ class DraftLenRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     k: int | None = Field(ge=0)
+    # another method the engine holds (tune compares methods on one server); None: keep it
+    method: str | None = None
 
 
 def _draft_len_json(driver: AsyncEngine) -> dict[str, Any]:
     return {
         "draft_len": driver.engine.draft_len,
+        "method": driver.engine.method,
+        "methods": list(driver.engine.methods),
         "max_draft_len": driver.engine.max_draft_len,
         "last_iteration": driver.last_iteration(),
     }

@@ -340,13 +340,16 @@ class AsyncEngine:
         with self._stats_lock:
             return self._history[-1].iter if self._history else -1
 
-    def set_draft_len(self, k: int | None) -> None:
+    def set_draft_len(self, k: int | None, method: str | None = None) -> None:
         """Fix the engine's draft length (0: speculation off), or None for the configured
-        one; only while no request is in flight (see :meth:`Engine.set_draft_len`)."""
+        one, and with ``method`` the method drafting (one the engine holds); only while no
+        request is in flight (see :meth:`Engine.set_draft_len`, :meth:`Engine.set_method`)."""
         if self._streams:
             raise EngineBusyError(
                 "draft length", f"cannot change while {len(self._streams)} requests run"
             )
+        if method is not None:
+            self.engine.set_method(method)
         self.engine.set_draft_len(k)
 
     # -- the stepping thread -------------------------------------------------------------------

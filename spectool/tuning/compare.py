@@ -160,7 +160,7 @@ def run_methods(
 
 
 def write_comparison(
-    outcomes: Sequence[TuneOutcome], choice: MethodChoice, top: Path
+    outcomes: Sequence[TuneOutcome], choice: MethodChoice, top: Path, *, together: bool = False
 ) -> list[Path]:
     """DIR's deployment (the chosen method's decision and build, with the comparison in
     ``decision.json``), ``methods.json`` and ``report.md``."""
@@ -184,9 +184,14 @@ def write_comparison(
             for o in outcomes
         },
         "comparison": choice.to_json(),
+        "design": "together" if together else "one method after another",
     }
     files.append(atomic_write_text(top / COMPARISON_NAME, json.dumps(summary, indent=2) + "\n"))
-    files.append(atomic_write_text(top / REPORT_NAME, comparison_markdown(outcomes, choice)))
+    files.append(
+        atomic_write_text(
+            top / REPORT_NAME, comparison_markdown(outcomes, choice, together=together)
+        )
+    )
     return list(dict.fromkeys(files))
 
 
@@ -202,7 +207,9 @@ def comparison_cell(choice: MethodChoice, method: str, c: int) -> str:
     return f"pred {cell.predicted:.2f}"
 
 
-def comparison_markdown(outcomes: Sequence[TuneOutcome], choice: MethodChoice) -> str:
+def comparison_markdown(
+    outcomes: Sequence[TuneOutcome], choice: MethodChoice, *, together: bool = False
+) -> str:
     """The report a user opens: the method deployed and why first, then per concurrency each
     method's chosen cell and the winner, every method's figures (from its folder) and where each
     method's own report is."""
@@ -219,8 +226,17 @@ def comparison_markdown(outcomes: Sequence[TuneOutcome], choice: MethodChoice) -
         "",
         "## Comparison",
         "",
-        f"Target: `{first.resolved.report.target.ref}`. Each method was tuned against the same "
-        "target without speculation on its own server (paired blocks); a cell is the chosen "
+        f"Target: `{first.resolved.report.target.ref}`. "
+        + (
+            "Every method was tuned against the same target without speculation on one server "
+            "holding every drafter: at each concurrency the methods' cells were measured "
+            "together, in rounds of one block per arm on the same prompts (joint cells, "
+            "`joint.jsonl`); "
+            if together
+            else "Each method was tuned against the same target without speculation on its own "
+            "server (paired blocks); "
+        )
+        + "a cell is the chosen "
         "draft length and its per-token ratio lhs/rhs (below 1 pays), with its 95% interval; "
         "`pred`: off, the method's own prediction (not confirmed: it did not promise to beat "
         "a ratio measured for a method before it).",
@@ -270,9 +286,15 @@ def comparison_markdown(outcomes: Sequence[TuneOutcome], choice: MethodChoice) -
     if choice.duel:
         lines += [
             "",
-            "Head to head (both methods' servers up, blocks alternating on the same prompts; "
-            "ratio: the first method's time per token over the second's, token-weighted mean "
-            "of the pairs, with its standard error):",
+            "Head to head ("
+            + (
+                "the two methods' blocks in the same rounds of a joint cell, or both servers "
+                "up where no joint cell held both"
+                if together
+                else "both methods' servers up, blocks alternating on the same prompts"
+            )
+            + "; ratio: the first method's time per token over the second's, token-weighted "
+            "mean of the pairs, with its standard error):",
             "",
             "| concurrency | methods | k | ratio | log se | pairs | prompts |",
             "|---:|---|---|---:|---:|---:|---|",

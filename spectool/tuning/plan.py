@@ -4,7 +4,7 @@ driver and how the engine reads a schedule."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from spectool.decide.model import ScheduleSemantics
@@ -115,8 +115,11 @@ def measurement_plan(
     return count_tokens, prompts, setup, cell_plan(resolved, setup, prompts)
 
 
-def make_driver(resolved: ResolvedTune, out: Path) -> ServerDriver:
-    """The server driver for the resolved engine."""
+def make_driver(
+    resolved: ResolvedTune, out: Path, alternatives: Sequence[ResolvedTune] = ()
+) -> ServerDriver:
+    """The server driver for the resolved engine; with ``alternatives`` (embedded engine only)
+    one server that also holds their methods' drafters and switches between them in place."""
     if resolved.engine == "torch":
         from spectool.tuning.torch_driver import TorchDriver
 
@@ -134,7 +137,8 @@ def make_driver(resolved: ResolvedTune, out: Path) -> ServerDriver:
             threads=resolved.threads,
             log_path=out / SERVER_LOG_NAME,
             ready_timeout_s=resolved.ready_timeout_s,
-            max_draft_len=resolved.max_draft_len,
+            max_draft_len=max(r.max_draft_len for r in (resolved, *alternatives)),
+            alternatives={r.method: r.drafter_dir for r in alternatives},
         )
     from spectool.tuning.trtllm_driver import TrtllmDriver
 

@@ -2,10 +2,11 @@
 
 Defaults per engine (:data:`ENGINE_DEFAULTS`), chosen so that each run is honest and finishes:
 
-* ``torch`` (spectool's embedded engine; CPU unless a GPU is there): concurrencies 1,2,4,8,16
-  (the server's batch limit is the largest, so the run covers every batch the tuned server can
-  run), 16 requests of 32 output tokens per baseline trial, paired blocks of two waves. The
-  demo pair tunes in about two minutes on 2 CPU cores.
+* ``torch`` (spectool's embedded engine; CPU unless a GPU is there): concurrencies 1,4,16
+  (the server's batch limit is the largest, so the run spans every batch the tuned server can
+  run, a factor 4 apart: each concurrency costs a cell per method, and the main job has to
+  finish in minutes), 16 requests of 32 output tokens per baseline trial, paired blocks of two
+  waves.
 * ``trtllm``: concurrencies 1,2,4,8,16,32, 64 requests of 256 tokens: a GPU serves these in
   seconds per cell; server starts (minutes each) dominate.
 
@@ -46,7 +47,7 @@ class EngineDefaults:
 
 
 ENGINE_DEFAULTS: dict[str, EngineDefaults] = {
-    "torch": EngineDefaults((1, 2, 4, 8, 16), num_prompts=16, max_tokens=32, ready_timeout_s=600.0),
+    "torch": EngineDefaults((1, 4, 16), num_prompts=16, max_tokens=32, ready_timeout_s=600.0),
     "trtllm": EngineDefaults(
         (1, 2, 4, 8, 16, 32), num_prompts=64, max_tokens=256, ready_timeout_s=1800.0
     ),

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Protocol
 
@@ -38,7 +39,7 @@ from spectool.decide.stats import cell_stats
 from spectool.decide.tune import tune
 from spectool.measure.client import StreamResult
 from spectool.measure.runner import Progress, TrialConfig, TrialResult, load_trials
-from spectool.tuning.driver import ServerInfo
+from spectool.tuning.driver import ServerDriver, ServerInfo
 from spectool.tuning.outcome import CellKey, TuneOutcome
 from spectool.tuning.outputs import write_outputs
 from spectool.tuning.pairing import LOOKS, measure_paired
@@ -114,6 +115,10 @@ def run_tune(
     should_stop: Callable[[], bool] | None = None,
     rival: Mapping[int, float] | None = None,
     baselines: Mapping[CellKey, CellMeasurement] | None = None,
+    driver: ServerDriver | None = None,
+    dry: bool = False,
+    use_prior: bool = False,
+    quiet_resume: bool = False,
 ) -> TuneOutcome:
     """Measure, decide and write every output; see the module docstring.
 
@@ -125,8 +130,18 @@ def run_tune(
 
     ``should_stop`` is polled between requests, trials and cells; when it returns True the run
     stops with KeyboardInterrupt (servers stopped, finished trials kept for ``--resume``).
+
+    Methods compared on one server (:mod:`spectool.tuning.joint`): ``driver`` is the shared
+    server's view for this method (not closed here); ``dry`` measures baselines but no paired
+    cell: the first paired cell the search wants and ``trials.jsonl`` lacks raises
+    :class:`~spectool.tuning.joint.Wanted`, and a search that needs nothing more raises
+    :class:`~spectool.tuning.joint.Ready` with its result (nothing written).
+    ``use_prior``: the roofline prior stands in for the ``k = 1`` cost cell, as for a method
+    compared with a rival (every method after the first). ``quiet_resume``: say nothing of
+    the cells found in ``trials.jsonl`` (a comparison's searches run over them again and again).
     """
     from spectool.measure.runner import measure
+    from spectool.tuning.joint import Ready, Wanted
 
     started = time.perf_counter()
     req = resolved.request
@@ -148,7 +163,7 @@ def run_tune(
     finished = finished_cells(saved, plan, grid)
     options = paired_options(resolved)
     pairs_done = finished_pairs(saved, plan, grid, options)
-    if (finished or pairs_done) and progress is not None:
+    if (finished or pairs_done) and progress is not None and not (dry or quiet_resume):
         progress.on_message(
             f"resuming: {len(finished) + len(pairs_done)} cells already measured in {trials_path}"
         )
@@ -157,7 +172,7 @@ def run_tune(
         for key, cell in (baselines or {}).items()
         if key[1] == 0 and key in grid and key not in finished
     }
-    if shared and progress is not None:
+    if shared and progress is not None and not dry:
         progress.on_message(f"using the first method's {len(shared)} baseline cells")
     finished = {**shared, **finished}
     cells: dict[CellKey, CellMeasurement] = dict(finished)
@@ -172,14 +187,16 @@ def run_tune(
         keep_pairs(key, paired_cell)
     cells_started = 0
     hooks = _CountingHooks(progress, should_stop)
-    driver = make_driver(resolved, out)
+    own_driver = driver is None
+    if driver is None:
+        driver = make_driver(resolved, out)
     # a prior where a planned cell is dear: a server start per k, or a method compared with a
     # rival (spectool.tuning.prior)
     prior_step = None
-    if not driver.interleaves or rival:
-        prior_step = _prior(resolved, prompts, out, progress)
+    if not driver.interleaves or rival or use_prior:
+        prior_step = _prior(resolved, prompts, out, None if dry else progress)
     measure_started = time.perf_counter()
-    with driver:
+    with driver if own_driver else nullcontext(driver):
 
         def run_trials(configs: list[TrialConfig], k: int, where: str) -> list[TrialResult]:
             info = driver.serve(k)
@@ -195,13 +212,17 @@ def run_tune(
                 count_tokens=count_tokens,
                 metrics_interval_s=METRICS_INTERVAL_S,
                 metrics_path=info.metrics_path,
+                finished=saved,
             )
+            saved.update((r.config.key(), r) for r in results)
             check_requests(results, where)
             return results
 
         def measure_cell(c: int, k: int) -> CellMeasurement | PairedCell:
             nonlocal cells_started
             hooks.check()
+            if dry and k > 0 and driver.interleaves:
+                raise Wanted(c, k)  # resume picked up every saved paired cell already
             cells_started += 1
             if progress is not None:
                 progress.on_cell_start(c, k, cells_started)
@@ -246,6 +267,8 @@ def run_tune(
             objective=req.objective,
         )
         server_starts = driver.starts
+    if dry:
+        raise Ready(result)
     measure_s = time.perf_counter() - measure_started
     used = {(v.concurrency, v.k) for v in result.cells} | {(c, 0) for c in concs}
     cells = {key: cell for key, cell in cells.items() if key in used}

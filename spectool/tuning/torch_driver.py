@@ -65,8 +65,12 @@ class TorchDriver:
         log_path: Path,
         ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S,
         max_draft_len: int | None = None,
+        alternatives: dict[str, Path | None] | None = None,
     ) -> None:
         self.target = target
+        # other methods the switching server holds beside ``method`` ({method: drafter or
+        # None}): serve(k, method=...) switches between them in place (tune compares methods)
+        self.alternatives = dict(alternatives or {})
         self.drafter = drafter
         self.method = method
         self.model_name = model_name
@@ -82,6 +86,7 @@ class TorchDriver:
         self._proc: subprocess.Popen[Any] | None = None
         self._answers: queue.Queue[str | None] = queue.Queue()
         self._current: ServerInfo | None = None
+        self._arm: tuple[str, int] | None = None  # (method, k) the server decodes with now
         self.starts = 0
 
     # -- configurations ---------------------------------------------------------------------
@@ -150,22 +155,31 @@ class TorchDriver:
 
     # -- ServerDriver -----------------------------------------------------------------------
 
-    def serve(self, k: int) -> ServerInfo:
-        """A server decoding at draft length ``k``.
+    def serve(self, k: int, method: str | None = None) -> ServerInfo:
+        """A server decoding at draft length ``k`` (with ``method``: one of ``alternatives``,
+        or the driver's own method; None: the driver's own).
 
-        With ``max_draft_len`` set, one server holds the target and the drafter and switches
-        its draft length in place (``POST /spectool/draft_len``; 0 = speculation off, the
-        drafter idle): no restart between the blocks ``tune`` interleaves. Without it, one
-        server per configuration (the baseline without a drafter for ``k = 0``).
+        With ``max_draft_len`` set, one server holds the target and the drafter (and the
+        alternatives' drafters) and switches its draft length and method in place
+        (``POST /spectool/draft_len``; 0 = speculation off, the drafters idle): no restart
+        between the blocks ``tune`` interleaves. Without it, one server per configuration
+        (the baseline without a drafter for ``k = 0``).
         """
-        if self._current is not None and self._current.k == k:
+        method = method or self.method
+        if method != self.method and method not in self.alternatives:
+            raise ValueError(f"method {method!r} is not held by this driver")
+        arm = (method if k > 0 else "none", k)
+        if self._current is not None and self._arm == arm:
             return ServerInfo(self._current.base_url, self.model_name, k, 0.0, METRICS_PATH)
         if self.max_draft_len is not None and k > self.max_draft_len:
             raise ValueError(f"k={k} is above the server's max_draft_len {self.max_draft_len}")
         if self.max_draft_len is not None and self._url is not None:
-            self._switch(self._url, k)
+            self._switch(self._url, k, method)
             self._current = ServerInfo(self._url, self.model_name, k, 0.0, METRICS_PATH)
+            self._arm = arm
             return self._current
+        if method != self.method:
+            raise ValueError("switching methods needs a switching server (max_draft_len)")
         self._current = None
         switching = self.max_draft_len is not None
         load_k = self.max_draft_len if switching else k
@@ -180,6 +194,10 @@ class TorchDriver:
             "config": self.engine_config(load_k),
             "model_name": self.model_name,
         }
+        if switching and self.alternatives:
+            spec["alternatives"] = {
+                m: None if path is None else str(path) for m, path in self.alternatives.items()
+            }
         answer = self._ask({"serve": spec}, self.ready_timeout_s)
         if "ready" not in answer:
             raise supervise.log_failure(
@@ -192,20 +210,33 @@ class TorchDriver:
         url = ready["url"]
         if switching:
             self._url = url
-            self._switch(url, k)
+            self._switch(url, k, method)
         self._current = ServerInfo(url, self.model_name, k, float(ready["load_s"]), METRICS_PATH)
+        self._arm = arm
         return self._current
 
-    def _switch(self, url: str, k: int) -> None:
+    def for_method(self, method: str) -> MethodServer:
+        """This driver's switching server seen as one method's driver (what a method's
+        ``tune`` session drives when methods share one server)."""
+        return MethodServer(self, method)
+
+    def _switch(self, url: str, k: int, method: str | None = None) -> None:
         """Set the running server's draft length; waits out requests still finishing."""
         import time
 
         import httpx
 
+        from spectool.measure.client import tls_context
+
         deadline = time.monotonic() + SWITCH_TIMEOUT_S
         while True:
             try:
-                response = httpx.post(url + "/spectool/draft_len", json={"k": k}, timeout=30.0)
+                body: dict[str, Any] = {"k": k}
+                if self.alternatives and k > 0 and method is not None:
+                    body["method"] = method
+                response = httpx.post(
+                    url + "/spectool/draft_len", json=body, timeout=30.0, verify=tls_context()
+                )
             except httpx.HTTPError as exc:
                 raise supervise.log_failure(
                     "the engine worker", f"did not switch to k={k}: {exc}", self.log_path
@@ -241,3 +272,32 @@ class TorchDriver:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
+
+
+class MethodServer:
+    """One method's view of a :class:`TorchDriver` whose server holds several methods:
+    ``serve(k)`` switches the shared server to this method at ``k``. Closing it closes
+    nothing (the shared driver's owner does)."""
+
+    engine = "torch"
+    interleaves = True
+
+    def __init__(self, shared: TorchDriver, method: str) -> None:
+        self.shared = shared
+        self.method = method
+
+    @property
+    def starts(self) -> int:
+        return self.shared.starts
+
+    def serve(self, k: int) -> ServerInfo:
+        return self.shared.serve(k, self.method)
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> MethodServer:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        pass

@@ -66,7 +66,14 @@ def _start(spec: dict[str, Any]) -> _Running:
     if schedule:
         fields["draft_len_schedule"] = {int(b): int(k) for b, k in schedule.items()}
     config = EngineConfig(**fields)  # ConfigError on anything the engine refuses
-    app = create_app(lambda: Engine(target, drafter, config), model_name=spec["model_name"])
+    # other methods' drafters the engine holds beside its own ({method: folder or null})
+    alternatives = {
+        m: Path(path) if path else None for m, path in (spec.get("alternatives") or {}).items()
+    }
+    app = create_app(
+        lambda: Engine(target, drafter, config, alternatives=alternatives),
+        model_name=spec["model_name"],
+    )
     # log_level info: the spectool loggers' lines (load, draft-length switches) reach
     # server.log; there is no access log in the worker
     server, thread, url = serve_in_thread(app, name="tune-server", log_level="info")

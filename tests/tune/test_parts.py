@@ -68,7 +68,7 @@ def test_torch_defaults_and_limits(tune_models: tuple[Path, Path], tmp_path: Pat
     target, drafter = tune_models
     resolved = resolve(TuneRequest(target=str(target), drafter=str(drafter), engine="torch"))
     defaults = ENGINE_DEFAULTS["torch"]
-    assert resolved.concurrencies == defaults.concurrencies == (1, 2, 4, 8, 16)
+    assert resolved.concurrencies == defaults.concurrencies == (1, 4, 16)
     assert (resolved.num_prompts, resolved.max_tokens) == (16, 32)
     assert resolved.method == "draft_model"
     assert resolved.max_batch_size == 16  # the largest concurrency: every batch it can run
