@@ -42,6 +42,7 @@ from spectool.measure.runner import TrialConfig, TrialResult
 from spectool.methods import serving_cost_rank
 from spectool.tuning.compare import MethodsOutcome, write_comparison
 from spectool.tuning.joint import (
+    INDEX_NAME,
     Arm,
     JointBlocks,
     MethodFiles,
@@ -100,6 +101,8 @@ def run_joint(
     hooks = _CountingHooks(progress, should_stop)
     runs = list(resolved)
     shared = make_driver(first, top / first.method, alternatives=resolved[1:])
+    if not first.request.resume:  # --force (or a fresh folder): no joint cells of a run before
+        (top / INDEX_NAME).unlink(missing_ok=True)
 
     known: dict[CellKey, CellMeasurement] = {}
 
@@ -151,6 +154,7 @@ def run_joint(
         return trial
 
     files: dict[str, MethodFiles] = {}
+    measured: set[tuple[int, Arm]] = set()
     with shared:
         while True:
             results: dict[str, TuneResult] = {}
@@ -167,6 +171,10 @@ def run_joint(
                 break
             c = next(iter(wanted.values()))[0]
             arms = [Arm(m, k) for m, (cc, k) in wanted.items() if cc == c]
+            again = [a for a in arms if (c, a) in measured]
+            if again:  # its search did not find the cell it was given: never loop on it
+                raise RuntimeError(f"joint cell at concurrency {c} not read back for {again[0]}")
+            measured.update((c, a) for a in arms)
             say(
                 f"concurrency {c}: baseline, {', '.join(map(str, arms))} together on one "
                 "server, blocks in rotating rounds"
