@@ -57,6 +57,7 @@ from spectool.cli.tune_options import (
     SeedOpt,
     TemperatureOpt,
     ThreadsOpt,
+    TopPOpt,
     TuneEngineOpt,
     TuneGpuOpt,
     TuneMaxBatchOpt,
@@ -242,6 +243,7 @@ def tune(
     budget: BudgetOpt = 30.0,
     objective: ObjectiveOpt = DEFAULT_OBJECTIVE,
     temperature: TemperatureOpt = 0.0,
+    top_p: TopPOpt = 1.0,
     trust_remote_code: TrustRemoteCodeOpt = False,
     predict_only: PredictOnlyOpt = False,
     acceptance_length: AcceptanceLengthOpt = None,
@@ -289,6 +291,7 @@ def tune(
         budget_s=budget,
         objective=objective,
         temperature=temperature,
+        top_p=top_p,
     )
     from spectool.inputs import check_pair_options
 

@@ -146,6 +146,15 @@ TemperatureOpt = Annotated[
         rich_help_panel=LOAD,
     ),
 ]
+TopPOpt = Annotated[
+    float,
+    typer.Option(
+        "--top-p",
+        help="Nucleus sampling of every request that sets none of its own (1: off); with "
+        "--temperature.",
+        rich_help_panel=LOAD,
+    ),
+]
 MinGainOpt = Annotated[
     float,
     typer.Option(

@@ -81,7 +81,9 @@ def cell_plan(resolved: ResolvedTune, setup: TuneSetup, prompts: TunePrompts) ->
         repeats=resolved.request.repeats,
         workload_prompts=len(prompts.prompts),
         seed=resolved.request.seed,
-        request=RequestOptions(temperature=resolved.request.temperature),
+        request=RequestOptions(
+            temperature=resolved.request.temperature, top_p=resolved.request.top_p
+        ),
     )
 
 

@@ -82,6 +82,7 @@ class TuneRequest(PairOptions):
     budget_s: float = DEFAULT_BUDGET_S  # per paired cell: blocks until settled or spent
     objective: str = DEFAULT_OBJECTIVE  # what decides (spectool.decide.verdict.OBJECTIVES)
     temperature: float = 0.0  # sampling temperature of every request (0: greedy)
+    top_p: float = 1.0  # nucleus sampling of every request without its own (1: off)
 
 
 @dataclass(frozen=True)
@@ -195,6 +196,8 @@ def _check_numbers(req: TuneRequest) -> None:
         raise BadInputError("--n-boot", f"must be >= 100, got {req.n_boot}")
     if not 0.0 <= req.temperature <= 2.0:
         raise BadInputError("--temperature", f"must be in [0, 2], got {req.temperature}")
+    if not 0.0 < req.top_p <= 1.0:
+        raise BadInputError("--top-p", f"must be in (0, 1], got {req.top_p}")
     if req.objective not in OBJECTIVES:
         raise BadInputError(
             "--objective", f"{req.objective!r} is not one of {', '.join(OBJECTIVES)}"

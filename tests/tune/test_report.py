@@ -48,7 +48,7 @@ def demo_outcome(tmp_path: Path) -> TuneOutcome:
     )
     used = {(v.concurrency, v.k) for v in result.cells} | {(c, 0) for c in concs}
     cells = {key: grid[key] for key in sorted(used)}
-    request = SimpleNamespace(confidence=0.95, n_boot=200, repeats=1)
+    request = SimpleNamespace(confidence=0.95, n_boot=200, repeats=1, temperature=0.0, top_p=1.0)
     report = SimpleNamespace(
         target=SimpleNamespace(ref="demo-target"),
         drafter=SimpleNamespace(ref="demo-drafter"),
