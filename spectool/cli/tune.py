@@ -57,6 +57,7 @@ from spectool.cli.tune_options import (
     SeedOpt,
     TemperatureOpt,
     ThreadsOpt,
+    TimeScaleOpt,
     TopPOpt,
     TuneEngineOpt,
     TuneGpuOpt,
@@ -221,6 +222,7 @@ def tune(
     engine: TuneEngineOpt = "auto",
     concurrency: ConcurrencyOpt = None,
     workload: WorkloadOpt = None,
+    time_scale: TimeScaleOpt = None,
     num_prompts: NumPromptsOpt = None,
     max_tokens: MaxTokensOpt = None,
     repeats: RepeatsOpt = 1,
@@ -292,6 +294,7 @@ def tune(
         objective=objective,
         temperature=temperature,
         top_p=top_p,
+        time_scale=time_scale,
     )
     from spectool.inputs import check_pair_options
 

@@ -57,6 +57,8 @@ def test_parse_concurrencies() -> None:
         (["--temperature", "-1"], "--temperature"),
         (["--top-p", "0"], "--top-p"),
         (["--top-p", "1.5"], "--top-p"),
+        (["--time-scale", "0"], "--time-scale"),
+        (["--time-scale", "2"], "--time-scale"),  # without a trace workload
     ],
 )
 def test_bad_options_exit_2(

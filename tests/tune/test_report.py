@@ -68,7 +68,9 @@ def demo_outcome(tmp_path: Path) -> TuneOutcome:
         resolved=resolved,  # type: ignore[arg-type]
         out=tmp_path,
         setup=SimpleNamespace(server={"max_batch_size": 16}),  # type: ignore[arg-type]
-        prompts=SimpleNamespace(source="builtin", prompts=[""] * 16, workload_id="w"),  # type: ignore[arg-type]
+        prompts=SimpleNamespace(
+            source="builtin", format="builtin", prompts=[""] * 16, workload_id="w"
+        ),  # type: ignore[arg-type]
         cells=cells,
         stats={key: cell_stats(cell, n_boot=200) for key, cell in cells.items()},
         trials_measured_now=len(cells),
