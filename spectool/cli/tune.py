@@ -57,6 +57,8 @@ from spectool.cli.tune_options import (
     SeedOpt,
     TemperatureOpt,
     ThreadsOpt,
+    TimeScaleOpt,
+    TopPOpt,
     TuneEngineOpt,
     TuneGpuOpt,
     TuneMaxBatchOpt,
@@ -220,6 +222,7 @@ def tune(
     engine: TuneEngineOpt = "auto",
     concurrency: ConcurrencyOpt = None,
     workload: WorkloadOpt = None,
+    time_scale: TimeScaleOpt = None,
     num_prompts: NumPromptsOpt = None,
     max_tokens: MaxTokensOpt = None,
     repeats: RepeatsOpt = 1,
@@ -242,6 +245,7 @@ def tune(
     budget: BudgetOpt = 30.0,
     objective: ObjectiveOpt = DEFAULT_OBJECTIVE,
     temperature: TemperatureOpt = 0.0,
+    top_p: TopPOpt = 1.0,
     trust_remote_code: TrustRemoteCodeOpt = False,
     predict_only: PredictOnlyOpt = False,
     acceptance_length: AcceptanceLengthOpt = None,
@@ -289,6 +293,8 @@ def tune(
         budget_s=budget,
         objective=objective,
         temperature=temperature,
+        top_p=top_p,
+        time_scale=time_scale,
     )
     from spectool.inputs import check_pair_options
 

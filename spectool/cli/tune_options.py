@@ -44,8 +44,11 @@ WorkloadOpt = Annotated[
     Path | None,
     typer.Option(
         "--workload",
-        help="Prompt JSONL file (Spec-Bench question.jsonl or {prompt, max_tokens?, category?} "
-        "lines).",
+        help="Your traffic, format told by the content: {prompt, max_tokens?, category?} lines "
+        "or OpenAI /v1/completions or /v1/chat/completions request bodies (JSONL; their own "
+        "lengths and sampling kept), ShareGPT conversations (JSON list or JSONL), Spec-Bench "
+        "question.jsonl, or a mooncake/AIPerf trace (timestamp, input_length, output_length, "
+        "hash_ids?).",
         show_default="built-in prompts from the Python standard library",
         rich_help_panel=WORKLOAD,
     ),
@@ -144,6 +147,25 @@ TemperatureOpt = Annotated[
         help="Sampling temperature of every request (0: greedy). Acceptance falls as it "
         "rises, so tune at your traffic's temperature.",
         rich_help_panel=LOAD,
+    ),
+]
+TopPOpt = Annotated[
+    float,
+    typer.Option(
+        "--top-p",
+        help="Nucleus sampling of every request that sets none of its own (1: off); with "
+        "--temperature.",
+        rich_help_panel=LOAD,
+    ),
+]
+TimeScaleOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--time-scale",
+        help="Multiplies a trace workload's timestamps (2: half the arrival rate); kept on the "
+        "prompts for a replay.",
+        show_default="1 (the trace's own pace)",
+        rich_help_panel=WORKLOAD,
     ),
 ]
 MinGainOpt = Annotated[

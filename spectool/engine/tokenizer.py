@@ -49,6 +49,14 @@ def _ids(value: Any) -> list[int]:
     return []
 
 
+def plain_chat_text(messages: Sequence[Message], *, add_generation_prompt: bool = True) -> str:
+    """A conversation as a checkpoint without a chat template gets it: ``"role: content\\n"`` per
+    message and ``"assistant: "`` to prompt the reply (also what workload files use to count a
+    chat request's tokens when no target tokenizer is at hand)."""
+    text = "".join(f"{m.get('role', '')}: {m.get('content', '')}\n" for m in messages)
+    return text + ("assistant: " if add_generation_prompt else "")
+
+
 def _chat_template(folder: Path, config: Mapping[str, Any]) -> str | None:
     jinja_file = folder / "chat_template.jinja"
     if jinja_file.is_file():
@@ -233,8 +241,7 @@ class Tokenizer:
         ``"role: content\\n"`` per message and ``"assistant: "`` to prompt the reply.
         """
         if self._template is None:
-            text = "".join(f"{m.get('role', '')}: {m.get('content', '')}\n" for m in messages)
-            return text + ("assistant: " if add_generation_prompt else "")
+            return plain_chat_text(messages, add_generation_prompt=add_generation_prompt)
         try:
             return self._template.render(
                 messages=[dict(m) for m in messages],

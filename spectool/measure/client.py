@@ -97,6 +97,14 @@ class StreamResult:
     http_status: int | None
 
 
+def request_api(prompt: str | Prompt, options: RequestOptions) -> Api:
+    """The endpoint a prompt goes to: ``chat`` for a chat request's messages (a chat log),
+    else ``options.api``."""
+    if isinstance(prompt, Prompt) and prompt.messages is not None:
+        return "chat"
+    return options.api
+
+
 def request_body(
     model: str, prompt: str | Prompt, max_tokens: int, options: RequestOptions
 ) -> dict[str, Any]:
@@ -104,19 +112,24 @@ def request_body(
 
     A :class:`Prompt` that carries its own ``temperature``, ``top_p`` or ``stop`` (an OpenAI
     request log) is sent with them; otherwise ``options`` apply. ``top_p`` is sent only when it
-    is not 1 (the OpenAI default), so bodies of greedy runs are unchanged.
+    is not 1 (the OpenAI default), so bodies of greedy runs are unchanged. A prompt with chat
+    ``messages`` is a chat request with them (:func:`request_api`), so the server renders them
+    with its own chat template.
     """
+    api = request_api(prompt, options)
     own = prompt.sampling() if isinstance(prompt, Prompt) else {}
+    chat = prompt.messages if isinstance(prompt, Prompt) else None
     if isinstance(prompt, Prompt):
         prompt = prompt.text
+    messages = [m.to_json() for m in chat] if chat else [{"role": "user", "content": prompt}]
     if max_tokens < 1:
         raise BadInputError("max_tokens", f"must be >= 1, got {max_tokens}")
     stream_options: dict[str, bool] = {"include_usage": True}
     if options.continuous_usage:
         stream_options["continuous_usage_stats"] = True
     body: dict[str, Any] = {"model": model}
-    if options.api == "chat":
-        body["messages"] = [{"role": "user", "content": prompt}]
+    if api == "chat":
+        body["messages"] = messages
     else:
         body["prompt"] = prompt
     body.update(
@@ -324,7 +337,8 @@ class StreamingClient:
         self, prompt: Prompt, request_id: str, max_tokens: int, options: RequestOptions
     ) -> StreamResult:
         body = request_body(self.model, prompt, max_tokens, options)
-        url = f"{self.base_url}/v1/{'chat/completions' if options.api == 'chat' else 'completions'}"
+        api = request_api(prompt, options)
+        url = f"{self.base_url}/v1/{'chat/completions' if api == 'chat' else 'completions'}"
         chunks: list[StreamChunk] = []
         usage: dict[str, Any] = {}
         finish_reason: str | None = None
@@ -358,7 +372,7 @@ class StreamingClient:
                         choices = obj.get("choices") or []
                         text = ""
                         for choice in choices:
-                            text += _chunk_text(choice, options.api)
+                            text += _chunk_text(choice, api)
                             finish_reason = choice.get("finish_reason") or finish_reason
                         if isinstance(obj.get("usage"), dict):
                             usage = obj["usage"]

@@ -14,14 +14,8 @@ Built-in categories (:data:`BUILTIN_CATEGORIES`), built by :func:`builtin_worklo
 Selection is deterministic for a given seed on a given Python installation (files are sorted,
 then shuffled by ``random.Random(seed)``); a different Python version gives different text.
 
-User files (:func:`load_workload_file`), one JSON object per line, blank lines ignored:
-
-* Spec-Bench ``question.jsonl``: ``{"question_id", "category", "turns": [...]}``; the first turn
-  is the prompt (further keys such as ``reference`` are ignored);
-* prompt lines: ``{"prompt": str, "max_tokens"?: int, "category"?: str}``, which may also be
-  OpenAI ``/v1/completions`` request bodies: ``max_completion_tokens``, ``temperature``,
-  ``top_p`` and ``stop`` are kept per prompt; ``model``, ``stream``, ``stream_options``,
-  ``seed``, ``user`` are ignored; ``n`` other than 1 is refused.
+User files (Spec-Bench, OpenAI completions and chat request logs, ShareGPT conversations,
+mooncake/AIPerf traces) are read by :mod:`spectool.measure.workload_files`.
 """
 
 from __future__ import annotations
@@ -38,7 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spectool.constants import MAX_JSON_BYTES
 from spectool.errors import BadInputError
 
 BUILTIN_CATEGORIES: tuple[str, ...] = ("code", "summarization", "qa")
@@ -62,22 +55,33 @@ _QA_QUESTIONS: tuple[str, ...] = (
 )
 
 
-_PROMPT_KEYS = frozenset(
-    {"prompt", "category", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop"}
-)
-# Keys of an OpenAI /v1/completions request that do not change what is generated: ignored
-# ('n' must be 1, checked).
-_IGNORED_OPENAI_KEYS = frozenset({"model", "stream", "stream_options", "seed", "user", "n"})
+@dataclass(frozen=True)
+class ChatMessage:
+    """One message of a chat request (``content`` joined from its text parts)."""
+
+    role: str
+    content: str
+    name: str | None = None
+
+    def to_json(self) -> dict[str, str]:
+        """The message as an OpenAI chat request writes it."""
+        out = {"role": self.role, "content": self.content}
+        if self.name is not None:
+            out["name"] = self.name
+        return out
 
 
 @dataclass(frozen=True)
 class Prompt:
     """One prompt of a workload.
 
-    ``max_tokens`` is the prompt's own output length when its source gave one (prompt JSONL);
-    None means the run's default output length applies. ``temperature``, ``top_p`` and ``stop``
-    are the prompt's own sampling settings (an OpenAI request log); None means the trial's
-    request options apply.
+    ``max_tokens`` is the prompt's own output length when its source gave one (prompt JSONL,
+    request logs, ShareGPT answers, traces); None means the run's default output length
+    applies. ``temperature``, ``top_p`` and ``stop`` are the prompt's own sampling settings (an
+    OpenAI request log); None means the trial's request options apply. ``messages``: a chat
+    request's messages, sent as a chat request (``text`` is then their rendering, what the
+    server's chat template makes of them, used to count the prompt's tokens). ``arrival_s``:
+    a trace's arrival time in seconds (its timestamp times ``--time-scale``), for a replay.
     """
 
     prompt_id: str
@@ -87,11 +91,24 @@ class Prompt:
     temperature: float | None = None
     top_p: float | None = None
     stop: tuple[str, ...] | None = None
+    messages: tuple[ChatMessage, ...] | None = None
+    arrival_s: float | None = None
 
     def sampling(self) -> dict[str, Any]:
         """The prompt's own sampling settings that are set (empty for older formats)."""
         fields = {"temperature": self.temperature, "top_p": self.top_p, "stop": self.stop}
         return {k: v for k, v in fields.items() if v is not None}
+
+    def _identity_extra(self) -> dict[str, Any]:
+        """What :func:`workload_id` adds to the four original fields: only what is set."""
+        extra: dict[str, Any] = {
+            k: list(v) if isinstance(v, tuple) else v for k, v in self.sampling().items()
+        }
+        if self.messages is not None:
+            extra["messages"] = [m.to_json() for m in self.messages]
+        if self.arrival_s is not None:
+            extra["arrival_s"] = self.arrival_s
+        return extra
 
 
 def workload_id(prompts: Sequence[Prompt]) -> str:
@@ -100,9 +117,9 @@ def workload_id(prompts: Sequence[Prompt]) -> str:
     digest = hashlib.sha256()
     for p in prompts:
         fields: list[Any] = [p.prompt_id, p.category, p.text, p.max_tokens]
-        extra = p.sampling()
+        extra = p._identity_extra()
         if extra:  # only when set: ids of older workloads (and their saved trials) stay valid
-            fields.append({k: list(v) if isinstance(v, tuple) else v for k, v in extra.items()})
+            fields.append(extra)
         line = json.dumps(fields, ensure_ascii=False)
         digest.update(line.encode("utf-8") + b"\n")
     return "sha256:" + digest.hexdigest()[:16]
@@ -282,113 +299,3 @@ def builtin_workload(
             f"from the sources, {num_prompts} asked; pass a workload file instead",
         )
     return [pools[cats[i % len(cats)]][i // len(cats)] for i in range(num_prompts)]
-
-
-# -- workload files ---------------------------------------------------------------------------
-
-
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    if not path.is_file():
-        raise BadInputError(path, "workload file not found")
-    if path.stat().st_size > MAX_JSON_BYTES:
-        raise BadInputError(path, f"larger than the {MAX_JSON_BYTES} bytes allowed")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise BadInputError(path, f"cannot be read as UTF-8 text: {e}") from e
-    for number, line in enumerate(text.splitlines(), start=1):
-        if line.strip():
-            yield number, line
-
-
-def _optional_category(path: Path, number: int, obj: dict[str, Any]) -> str:
-    category = obj.get("category", DEFAULT_CATEGORY)
-    if not isinstance(category, str) or not category.strip():
-        raise BadInputError(path, f"line {number}: 'category' must be a non-empty string")
-    return category
-
-
-def _prompt_from_line(path: Path, number: int, obj: Any) -> Prompt:
-    def bad(problem: str) -> BadInputError:
-        return BadInputError(path, f"line {number}: {problem}")
-
-    if not isinstance(obj, dict):
-        raise bad("expected a JSON object")
-    if "turns" in obj:  # Spec-Bench question.jsonl
-        turns = obj["turns"]
-        if not isinstance(turns, list) or not turns:
-            raise bad("'turns' must be a non-empty list of strings")
-        first = turns[0]
-        if not isinstance(first, str) or not first.strip():
-            raise bad("the first turn must be a non-empty string")
-        qid = obj.get("question_id", number)
-        if isinstance(qid, bool) or not isinstance(qid, (int, str)):
-            raise bad("'question_id' must be an integer or a string")
-        return Prompt(str(qid), _optional_category(path, number, obj), first)
-    if "prompt" in obj:  # a prompt line, or a /v1/completions request body
-        unknown = sorted(set(obj) - _PROMPT_KEYS - _IGNORED_OPENAI_KEYS)
-        if unknown:
-            raise bad(
-                f"unknown key(s) {', '.join(map(repr, unknown))}; a prompt line has 'prompt', "
-                "optional 'max_tokens', 'category', 'temperature', 'top_p', 'stop'"
-            )
-        if obj.get("n", 1) != 1:
-            raise bad(f"'n' must be 1 (one completion per request), got {obj['n']!r}")
-        prompt = obj["prompt"]
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise bad("'prompt' must be a non-empty string")
-        if "max_tokens" in obj and "max_completion_tokens" in obj:
-            raise bad("give 'max_tokens' or 'max_completion_tokens', not both")
-        max_tokens = obj.get("max_tokens", obj.get("max_completion_tokens"))
-        if max_tokens is not None and (
-            isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
-        ):
-            raise bad(f"'max_tokens' must be an integer >= 1, got {max_tokens!r}")
-        temperature = obj.get("temperature")
-        if temperature is not None and (
-            isinstance(temperature, bool)
-            or not isinstance(temperature, (int, float))
-            or not 0 <= temperature <= 2
-        ):
-            raise bad(f"'temperature' must be a number in [0, 2], got {temperature!r}")
-        top_p = obj.get("top_p")
-        if top_p is not None and (
-            isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1
-        ):
-            raise bad(f"'top_p' must be a number in (0, 1], got {top_p!r}")
-        stop = obj.get("stop")
-        stops = [stop] if isinstance(stop, str) else stop
-        if stops is not None and (
-            not isinstance(stops, list)
-            or len(stops) > 4
-            or not all(isinstance(x, str) and x for x in stops)
-        ):
-            raise bad("'stop' must be a non-empty string or a list of at most 4 of them")
-        return Prompt(
-            f"{path.stem}:{number}",
-            _optional_category(path, number, obj),
-            prompt,
-            max_tokens,
-            None if temperature is None else float(temperature),
-            None if top_p is None else float(top_p),
-            None if stops is None else tuple(stops),
-        )
-    raise bad("expected Spec-Bench keys ('question_id', 'category', 'turns') or a 'prompt' key")
-
-
-def load_workload_file(path: str | Path) -> list[Prompt]:
-    """Prompts of a JSONL workload file (Spec-Bench ``question.jsonl`` or prompt lines).
-
-    Bad lines raise :class:`BadInputError` naming the file and ``line N: problem``.
-    """
-    path = Path(path)
-    prompts: list[Prompt] = []
-    for number, line in _lines(path):
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise BadInputError(path, f"line {number}: not valid JSON: {e.msg}") from e
-        prompts.append(_prompt_from_line(path, number, obj))
-    if not prompts:
-        raise BadInputError(path, "no prompts in the file")
-    return prompts

@@ -69,8 +69,14 @@ def write_outputs(
     notes: list[str] = list(result.notes)
     if prompts.dropped:
         notes.append(
-            f"{prompts.dropped} prompts longer than {prompts.max_prompt_tokens} tokens were left "
-            "out (they would not fit the server's sequence limit with the output)"
+            f"{prompts.dropped} prompts were left out: with their output they would not fit the "
+            f"server's sequence limit (at most {prompts.max_prompt_tokens} prompt tokens with "
+            "--max-tokens output tokens)"
+        )
+    if prompts.skipped:
+        notes.append(
+            f"{prompts.skipped} conversations of the workload have no question or no answer "
+            "and were left out (as vLLM's ShareGPT loader does)"
         )
     notes += stall_notes(result.choices, result.cells, stats, step_ratios(cells, result.choices))
     notes += drift_notes(result.cells, result.choices)

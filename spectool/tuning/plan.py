@@ -4,7 +4,7 @@ driver and how the engine reads a schedule."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from spectool.decide.model import ScheduleSemantics
@@ -26,6 +26,25 @@ def count_tokens_for(resolved: ResolvedTune) -> Callable[[str], int] | None:
 
     folder = Path(resolved.report.target.path)
     return tokenizer_counter(folder) if (folder / "tokenizer.json").is_file() else None
+
+
+def chat_renderer_for(resolved: ResolvedTune) -> Callable[[Sequence[Mapping[str, str]]], str]:
+    """How the target's server renders a chat request: its chat template when its folder has
+    a tokenizer (the embedded server's plain rendering without a template or a tokenizer).
+    The tokenizer is loaded on the first chat request only."""
+    from spectool.engine.tokenizer import Tokenizer, plain_chat_text
+
+    folder = Path(resolved.report.target.path)
+    if not (folder / "tokenizer.json").is_file():
+        return plain_chat_text
+    loaded: list[Tokenizer] = []
+
+    def render(messages: Sequence[Mapping[str, str]]) -> str:
+        if not loaded:
+            loaded.append(Tokenizer.from_dir(folder))
+        return loaded[0].apply_chat_template(messages)
+
+    return render
 
 
 def _server_settings(resolved: ResolvedTune) -> dict[str, object]:
@@ -59,13 +78,17 @@ def prompts_for(resolved: ResolvedTune, count_tokens: Callable[[str], int] | Non
     probe = CellPlan(
         resolved.engine, resolved.method, "-", "-", resolved.num_prompts, resolved.max_tokens
     )
+    workload = resolved.request.workload
     return tune_prompts(
-        resolved.request.workload,
+        workload,
         max(probe.requests_at(c) for c in resolved.concurrencies),
         count_tokens=count_tokens,
         max_prompt_tokens=resolved.max_seq_len - longest - resolved.max_draft_len - 1,
         seed=resolved.request.seed,
-        mean_output=None if resolved.request.workload is not None else resolved.max_tokens,
+        mean_output=None if workload is not None else resolved.max_tokens,
+        output_tokens=resolved.max_tokens if workload is not None else None,
+        render_chat=chat_renderer_for(resolved) if workload is not None else None,
+        time_scale=resolved.request.time_scale,
     )
 
 
@@ -81,7 +104,9 @@ def cell_plan(resolved: ResolvedTune, setup: TuneSetup, prompts: TunePrompts) ->
         repeats=resolved.request.repeats,
         workload_prompts=len(prompts.prompts),
         seed=resolved.request.seed,
-        request=RequestOptions(temperature=resolved.request.temperature),
+        request=RequestOptions(
+            temperature=resolved.request.temperature, top_p=resolved.request.top_p
+        ),
     )
 
 

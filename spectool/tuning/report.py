@@ -242,9 +242,10 @@ def _measurement_section(outcome: TuneOutcome) -> list[str]:
     return [
         "## Measurement",
         "",
-        f"- Workload: {prompts.source} ({len(prompts.prompts)} prompts, "
-        f"id `{prompts.workload_id}`); every request asks for exactly "
-        f"{resolved.max_tokens} output tokens at temperature 0.",
+        f"- Workload: {prompts.source} ({prompts.format}, {len(prompts.prompts)} prompts, "
+        f"id `{prompts.workload_id}`); every request asks for exactly its output length "
+        f"(its own, else {resolved.max_tokens} tokens), sampled at temperature "
+        f"{req.temperature:g}, top-p {req.top_p:g} unless it sets its own.",
         "- Each cell: "
         + ", ".join(
             f"c={c}: {max(resolved.num_prompts, 2 * c)} requests"

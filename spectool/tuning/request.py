@@ -83,6 +83,8 @@ class TuneRequest(PairOptions):
     budget_s: float = DEFAULT_BUDGET_S  # per paired cell: blocks until settled or spent
     objective: str = DEFAULT_OBJECTIVE  # what decides (spectool.decide.verdict.OBJECTIVES)
     temperature: float = 0.0  # sampling temperature of every request (0: greedy)
+    top_p: float = 1.0  # nucleus sampling of every request without its own (1: off)
+    time_scale: float | None = None  # multiplies a trace workload's timestamps (None: not given)
 
 
 @dataclass(frozen=True)
@@ -196,6 +198,15 @@ def _check_numbers(req: TuneRequest) -> None:
         raise BadInputError("--n-boot", f"must be >= 100, got {req.n_boot}")
     if not 0.0 <= req.temperature <= 2.0:
         raise BadInputError("--temperature", f"must be in [0, 2], got {req.temperature}")
+    if not 0.0 < req.top_p <= 1.0:
+        raise BadInputError("--top-p", f"must be in (0, 1], got {req.top_p}")
+    if req.time_scale is not None:
+        if not req.time_scale > 0:
+            raise BadInputError("--time-scale", f"must be > 0, got {req.time_scale}")
+        if req.workload is None:
+            raise BadInputError(
+                "--time-scale", "scales a trace's timestamps; pass the trace as --workload"
+            )
     if req.objective not in OBJECTIVES:
         raise BadInputError(
             "--objective", f"{req.objective!r} is not one of {', '.join(OBJECTIVES)}"

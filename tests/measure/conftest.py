@@ -21,7 +21,8 @@ import pytest
 
 from spectool.measure.client import StreamingClient, StreamResult, tokenizer_counter
 from spectool.measure.runner import TrialConfig, TrialResult, run_trials
-from spectool.measure.workloads import Prompt, load_workload_file, workload_id
+from spectool.measure.workload_files import load_workload_file
+from spectool.measure.workloads import Prompt, workload_id
 
 SERVER_TESTS = Path(__file__).resolve().parents[1] / "server"
 MODEL_NAME = "tiny-llama"

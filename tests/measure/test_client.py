@@ -181,3 +181,65 @@ def test_request_body_sends_the_prompts_own_sampling() -> None:
     assert default["top_p"] == 0.5 and "stop" not in default
     with pytest.raises(BadInputError, match="top_p"):
         RequestOptions(top_p=0.0)
+
+
+def _sent_bodies(prompts: list[Prompt], options: RequestOptions) -> list[tuple[str, dict]]:
+    """(path, JSON body) of every request the client sends for ``prompts``, answered by a
+    stand-in server with one text chunk, usage and [DONE]."""
+    import json
+
+    import httpx
+
+    sent: list[tuple[str, dict]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append((request.url.path, json.loads(request.content)))
+        chunk = {"choices": [{"index": 0, "text": "x", "delta": {"content": "x"}}]}
+        usage = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}
+        events = "".join(f"data: {json.dumps(c)}\n\n" for c in (chunk, usage)) + "data: [DONE]\n\n"
+        return httpx.Response(200, text=events, headers={"content-type": "text/event-stream"})
+
+    async def main() -> None:
+        http = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+        async with http, StreamingClient("http://test", "m", http=http) as client:
+            for i, prompt in enumerate(prompts):
+                await client.stream(prompt, request_id=f"r{i}", max_tokens=4, options=options)
+
+    asyncio.run(main())
+    return sent
+
+
+def test_chat_log_requests_go_to_the_chat_endpoint_with_their_own_sampling() -> None:
+    from spectool.measure.workload_files import read_workload
+
+    log = Path(__file__).resolve().parents[1] / "data" / "workloads" / "chat.jsonl"
+    first, second, _ = read_workload(log).prompts
+    plain = Prompt("p", "c", "hi", temperature=0.3)
+    sent = _sent_bodies([first, second, plain], RequestOptions(temperature=0.0, top_p=0.8))
+    assert [path for path, _ in sent] == ["/v1/chat/completions"] * 2 + ["/v1/completions"]
+    (_, one), (_, two), (_, three) = sent
+    assert one["messages"] == [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Name a prime."},
+    ]
+    assert "prompt" not in one
+    assert (one["temperature"], one["top_p"], one["stop"]) == (0.7, 0.9, ["\n\n"])
+    # a request without its own settings gets the trial's
+    assert (two["temperature"], two["top_p"], "stop" in two) == (0.0, 0.8, False)
+    assert two["messages"] == [{"role": "user", "content": "Count to three."}]
+    assert (three["prompt"], three["temperature"], three["top_p"]) == ("hi", 0.3, 0.8)
+
+
+def test_a_chat_log_request_against_the_server(server_url: str) -> None:
+    from spectool.measure.workloads import ChatMessage
+
+    messages = (ChatMessage("system", "Be brief."), ChatMessage("user", "The draft model"))
+    prompt = Prompt("c", "chat", "rendered", 6, temperature=0.8, top_p=0.9, messages=messages)
+
+    async def main() -> StreamResult:
+        async with StreamingClient(server_url, MODEL_NAME) as client:
+            return await client.stream(prompt, request_id="c0", max_tokens=6)
+
+    result = asyncio.run(main())
+    _check_ok(result, 6)
+    assert result.record.chunk_token_counts[0] == 0  # the chat stream's role chunk

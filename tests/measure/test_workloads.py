@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from spectool.errors import BadInputError
+from spectool.measure.workload_files import load_workload_file
 from spectool.measure.workloads import (
     BUILTIN_CATEGORIES,
     Prompt,
     builtin_workload,
-    load_workload_file,
     workload_id,
 )
 
@@ -140,10 +140,10 @@ def test_prompt_file_with_lengths_and_default_category(tmp_path: Path) -> None:
     [
         ("{not json", "not valid JSON"),
         ("[1, 2]", "expected a JSON object"),
-        ('{"text": "hi"}', "expected Spec-Bench keys"),
+        ('{"text": "hi"}', "expected a prompt line ('prompt'), a chat request"),
         ('{"question_id": 1, "category": "x", "turns": []}', "'turns' must be a non-empty list"),
         ('{"question_id": 1, "turns": [3]}', "first turn must be a non-empty string"),
-        ('{"question_id": [1], "turns": ["a"]}', "'question_id' must be"),
+        ('{"question_id": [1], "category": "x", "turns": ["a"]}', "'question_id' must be"),
         ('{"prompt": ""}', "'prompt' must be a non-empty string"),
         ('{"prompt": "hi", "max_tokens": 0}', "'max_tokens' must be an integer >= 1"),
         ('{"prompt": "hi", "max_tokens": true}', "'max_tokens' must be an integer >= 1"),
@@ -152,7 +152,11 @@ def test_prompt_file_with_lengths_and_default_category(tmp_path: Path) -> None:
     ],
 )
 def test_bad_lines_name_file_and_line(tmp_path: Path, bad_line: str, problem: str) -> None:
-    path = _write_lines(tmp_path / "w.jsonl", ['{"prompt": "fine"}', "", bad_line])
+    # a file holds one format: a good line of the bad line's format first
+    fine = '{"question_id": 0, "category": "x", "turns": ["fine"]}'
+    if '"turns"' not in bad_line:
+        fine = '{"prompt": "fine"}'
+    path = _write_lines(tmp_path / "w.jsonl", [fine, "", bad_line])
     with pytest.raises(BadInputError) as info:
         load_workload_file(path)
     assert info.value.where == str(path)

@@ -55,6 +55,10 @@ def test_parse_concurrencies() -> None:
         (["--confidence", "1.5"], "--confidence"),
         (["--objective", "speed"], "--objective"),
         (["--temperature", "-1"], "--temperature"),
+        (["--top-p", "0"], "--top-p"),
+        (["--top-p", "1.5"], "--top-p"),
+        (["--time-scale", "0"], "--time-scale"),
+        (["--time-scale", "2"], "--time-scale"),  # without a trace workload
     ],
 )
 def test_bad_options_exit_2(
@@ -279,3 +283,30 @@ def test_the_temperature_reaches_every_trial(tune_models: tuple[Path, Path]) -> 
         resolve(
             TuneRequest(target=str(target), drafter=str(drafter), engine="torch", temperature=-1)
         )
+
+
+def test_top_p_reaches_every_trial_and_tells_saved_trials_apart(
+    tune_models: tuple[Path, Path],
+) -> None:
+    from spectool.tuning.plan import measurement_plan
+
+    target, drafter = tune_models
+    _, _, _, plan = measurement_plan(
+        resolve(
+            TuneRequest(
+                target=str(target), drafter=str(drafter), engine="torch", top_p=0.9, temperature=0.7
+            )
+        )
+    )
+    assert (plan.request.top_p, plan.request.temperature) == (0.9, 0.7)
+    assert plan.block_config(2, 1, 0, 0).request.top_p == 0.9
+    assert all(c.request.top_p == 0.9 for c in plan.configs(4, 0))
+    _, _, _, off = measurement_plan(
+        resolve(
+            TuneRequest(target=str(target), drafter=str(drafter), engine="torch", temperature=0.7)
+        )
+    )
+    assert off.request.top_p == 1.0
+    # a resumed run with another --top-p reuses none of the saved trials
+    assert plan.block_config(2, 1, 0, 0).key() != off.block_config(2, 1, 0, 0).key()
+    assert plan.configs(4, 0)[0].key() != off.configs(4, 0)[0].key()

@@ -48,7 +48,7 @@ def demo_outcome(tmp_path: Path) -> TuneOutcome:
     )
     used = {(v.concurrency, v.k) for v in result.cells} | {(c, 0) for c in concs}
     cells = {key: grid[key] for key in sorted(used)}
-    request = SimpleNamespace(confidence=0.95, n_boot=200, repeats=1)
+    request = SimpleNamespace(confidence=0.95, n_boot=200, repeats=1, temperature=0.0, top_p=1.0)
     report = SimpleNamespace(
         target=SimpleNamespace(ref="demo-target"),
         drafter=SimpleNamespace(ref="demo-drafter"),
@@ -68,7 +68,9 @@ def demo_outcome(tmp_path: Path) -> TuneOutcome:
         resolved=resolved,  # type: ignore[arg-type]
         out=tmp_path,
         setup=SimpleNamespace(server={"max_batch_size": 16}),  # type: ignore[arg-type]
-        prompts=SimpleNamespace(source="builtin", prompts=[""] * 16, workload_id="w"),  # type: ignore[arg-type]
+        prompts=SimpleNamespace(
+            source="builtin", format="builtin", prompts=[""] * 16, workload_id="w"
+        ),  # type: ignore[arg-type]
         cells=cells,
         stats={key: cell_stats(cell, n_boot=200) for key, cell in cells.items()},
         trials_measured_now=len(cells),
