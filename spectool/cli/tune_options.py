@@ -126,7 +126,7 @@ BudgetOpt = Annotated[
     typer.Option(
         "--budget",
         help="Seconds of measuring per speculative cell: paired blocks are added until the "
-        "cell is settled or this is spent (then it is inconclusive).",
+        "cell is settled or this is spent and it holds 8 pairs (then it is inconclusive).",
         rich_help_panel=LOAD,
     ),
 ]

@@ -45,7 +45,7 @@ from spectool.decide.paired import BlockPair, PairedCell, paired_estimate, settl
 from spectool.decide.result import TuneResult
 from spectool.io import append_line
 from spectool.measure.runner import TrialConfig, TrialResult, load_trials
-from spectool.tuning.pairing import look_every, looks_of, max_pairs, prompts_sent
+from spectool.tuning.pairing import look_every, looks_of, max_pairs, over_budget, prompts_sent
 from spectool.tuning.trials import CellPlan, pooled_cell
 
 INDEX_NAME = "joint.jsonl"
@@ -192,9 +192,10 @@ def measure_joint(
         estimates = {
             arm: paired_estimate(cells[arm], confidence=confidence, seed=seed) for arm in arms
         }
-        over = all(spent[arm] >= budget_s for arm in arms)
+        over = all(over_budget(spent[arm], budget_s, len(rounds)) for arm in arms)
         each_done = all(
-            settled(estimates[arm], threshold) or spent[arm] >= budget_s for arm in arms
+            settled(estimates[arm], threshold) or over_budget(spent[arm], budget_s, len(rounds))
+            for arm in arms
         )
         ratios = {arm: estimates[arm].ratio for arm in arms}
         lead = leading_arms(cells, ratios)

@@ -13,8 +13,8 @@ blocks and decides when to stop:
   prompt alike: acceptance that depends on the prompt cannot bias a cell that stopped early;
 * at each look the cell stops as soon as the interval lies wholly on one side of the threshold
   (1, or ``1 - min_gain``), when :func:`max_pairs` pairs are measured, or when the blocks have
-  used ``budget_s`` seconds (the first pass is finished whatever the budget); an unsettled
-  cell is then ``inconclusive``;
+  used ``budget_s`` seconds and hold :data:`MIN_PAIRS_OVER_BUDGET` pairs (:func:`over_budget`); an
+  unsettled cell is then ``inconclusive``;
 * ``block(pair, arm)`` returns a trial: measured now, or found in ``trials.jsonl`` by a resumed
   run. The stopping rule depends on the blocks alone (their measurements and wall times), so a
   resumed run stops where an uninterrupted one would.
@@ -33,8 +33,19 @@ LOOK_EVERY = 4  # the fewest pairs between two looks at the interval
 MAX_PAIRS = 24  # the most pairs a cell takes, unless two looks need more
 LOOKS = MAX_PAIRS // LOOK_EVERY  # looks of a cell whose pass fits in one block
 DEFAULT_BUDGET_S = 30.0
+MIN_PAIRS_OVER_BUDGET = 2 * LOOK_EVERY  # pairs before the budget may end a cell (over_budget)
 
 BlockFn = Callable[[int, int], TrialResult]  # (pair index, arm: k or 0) -> the block's trial
+
+
+def over_budget(spent_s: float, budget_s: float, pairs: int) -> bool:
+    """Whether the budget ends a cell at this look: ``budget_s`` spent, and at least
+    :data:`MIN_PAIRS_OVER_BUDGET` pairs measured. Four pairs are too few to end on: at a
+    concurrency whose pass is one pair, a first look holds 4, whose Bonferroni-corrected t
+    interval (3 degrees of freedom) is so wide on a loaded machine that a cell paying 1.7x
+    stayed inconclusive, and so off (measured: code workload, concurrency 16, 5 runs of 5).
+    At low concurrency a first look already holds a whole pass of pairs (16 at concurrency 1)."""
+    return spent_s >= budget_s and pairs >= MIN_PAIRS_OVER_BUDGET
 
 
 def look_every(pass_pairs: int) -> int:
@@ -101,7 +112,7 @@ def measure_paired(
         if len(pairs) % every:
             continue
         estimate = paired_estimate(cell(), confidence=confidence, seed=seed)
-        if settled(estimate, threshold) or spent >= budget_s:
+        if settled(estimate, threshold) or over_budget(spent, budget_s, len(pairs)):
             break
     done = cell()
     assert done.key == (concurrency, k)

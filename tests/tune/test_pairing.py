@@ -20,7 +20,13 @@ from spectool.errors import BadInputError
 from spectool.measure.runner import TrialConfig, TrialResult
 from spectool.server.metrics import iteration_stats_json
 from spectool.trtllm.iter_stats import parse_iteration_stats
-from spectool.tuning.pairing import LOOK_EVERY, MAX_PAIRS, NotSaved, measure_paired
+from spectool.tuning.pairing import (
+    LOOK_EVERY,
+    MAX_PAIRS,
+    MIN_PAIRS_OVER_BUDGET,
+    NotSaved,
+    measure_paired,
+)
 from spectool.tuning.trials import pooled_cell
 
 C, K, TOKENS = 2, 3, 16  # concurrency, draft length, output tokens per request
@@ -108,10 +114,12 @@ def test_a_ratio_at_the_threshold_runs_to_the_last_pair_and_stays_inconclusive()
     assert evaluate_paired(cell, looks=MAX_PAIRS // LOOK_EVERY).verdict == "inconclusive"
 
 
-def test_the_budget_stops_an_unsettled_cell_at_a_look() -> None:
+def test_the_budget_stops_an_unsettled_cell_at_a_look_once_it_has_enough_pairs() -> None:
+    """Over budget at the first look (4 pairs: a t interval on 3 degrees of freedom), the cell
+    measures on to the next look; there the budget ends it."""
     machine = Machine(spec_ms=30.0, accepted=2, speed=quiet)
     cell = measure_paired(C, K, machine.block, budget_s=0.5)
-    assert len(cell.pairs) == LOOK_EVERY  # over budget at the first look
+    assert len(cell.pairs) == MIN_PAIRS_OVER_BUDGET == 2 * LOOK_EVERY
 
 
 def test_a_resumed_run_stops_where_the_first_one_did() -> None:
