@@ -126,7 +126,7 @@ _TABLE: tuple[Method, ...] = (
         label="MTP",
         needs=frozenset({"native_mtp_layers"}),
         drafter_kind=None,
-        engines=frozenset({"trtllm"}),
+        engines=frozenset({"trtllm", "torch"}),
         drafter_memory="native_layers_kv",
         verifies=(
             "the target declares and holds MTP layers",
