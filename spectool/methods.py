@@ -75,6 +75,8 @@ class Method:
 
 
 NONE = "none"
+# The drafter argument that names the target's own MTP layers (check, build, serve, tune).
+SELF_DRAFTER = "self"
 
 _COMMON_HEAD_CHECKS = (
     "the drafter's weights hold this head kind",
