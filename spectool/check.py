@@ -323,6 +323,7 @@ def will_it_pay(
         method,
         Hardware.from_gpu(gpu_spec),
         drafter=geom.drafter,
+        mtp_layer=geom.mtp_layer,
         engine="trtllm",
         tp=req.tp,
         context=predicted.DEFAULT_CONTEXT,
