@@ -79,19 +79,29 @@ def assembled(packed: Path) -> Path:
     dest = _cache_root() / f"{packed.name}-{digest.hexdigest()[:16]}"
     if (dest / INDEX_FILE).is_file():
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}."))
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}."))
+    except OSError as exc:
+        raise CheckpointError(dest.parent, _unwritable(exc)) from None
     try:
         _write_checkpoint(packed, base, config, tmp)
         os.replace(tmp, dest)  # atomic; fails if another process got there first
-    except OSError:
+    except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if not (dest / INDEX_FILE).is_file():
-            raise
+            raise CheckpointError(dest, _unwritable(exc)) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return dest
+
+
+def _unwritable(exc: OSError) -> str:
+    return (
+        f"cannot write the assembled checkpoint ({exc.strerror or exc}); set SPECTOOL_CACHE "
+        "to a writable folder"
+    )
 
 
 def _metadata(packed: Path) -> dict[str, str]:
