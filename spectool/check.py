@@ -21,6 +21,7 @@ from spectool.memory import GIB, MemoryEstimate, estimate_memory, memory_finding
 
 ENGINES = ("trtllm", "torch", "none")
 DEFAULT_PROFILE = "demo"
+SELF_DRAFTER = methods.SELF_DRAFTER
 # What spectool's embedded engine runs (spectool.methods: engines containing "torch").
 TORCH_ENGINE_METHODS = methods.engine_methods("torch")
 TORCH_ENGINE_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
@@ -143,6 +144,8 @@ def expand_profile(req: CheckRequest) -> tuple[str, str | None, str, int | None,
             max_draft_len = recipe.max_draft_len
     if drafter is not None and profiles.is_profile_name(drafter) and not _is_path(drafter):
         drafter = profiles.load_profile(drafter).drafter
+    if drafter == SELF_DRAFTER and method == "auto":
+        method = "mtp"  # "self" names the target's own MTP layers: never a silent n-gram
     assert target is not None
     return target, drafter, method, max_draft_len, name
 
@@ -163,7 +166,9 @@ def run_check(req: CheckRequest) -> CheckReport:
     recipe = _recipe(profile)
     try:
         target = resolve_checkpoint(target_ref)
-        drafter = resolve_checkpoint(drafter_ref) if drafter_ref and drafter_ref != "self" else None
+        drafter = (
+            resolve_checkpoint(drafter_ref) if drafter_ref and drafter_ref != SELF_DRAFTER else None
+        )
     except BadInputError as exc:
         if not _profile_only_ok(req, recipe, target_ref, drafter_ref):
             raise
@@ -318,6 +323,7 @@ def will_it_pay(
         method,
         Hardware.from_gpu(gpu_spec),
         drafter=geom.drafter,
+        mtp_layer=geom.mtp_layer,
         engine="trtllm",
         tp=req.tp,
         context=predicted.DEFAULT_CONTEXT,

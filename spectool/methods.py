@@ -75,6 +75,8 @@ class Method:
 
 
 NONE = "none"
+# The drafter argument that names the target's own MTP layers (check, build, serve, tune).
+SELF_DRAFTER = "self"
 
 _COMMON_HEAD_CHECKS = (
     "the drafter's weights hold this head kind",
@@ -126,7 +128,7 @@ _TABLE: tuple[Method, ...] = (
         label="MTP",
         needs=frozenset({"native_mtp_layers"}),
         drafter_kind=None,
-        engines=frozenset({"trtllm"}),
+        engines=frozenset({"trtllm", "torch"}),
         drafter_memory="native_layers_kv",
         verifies=(
             "the target declares and holds MTP layers",

@@ -80,6 +80,7 @@ class PairGeometry:
     target: Geometry
     drafter: Geometry | None
     source: str  # "checkpoint headers" or "profile <name> (<its source>)"
+    mtp_layer: Geometry | None = None  # mtp: the target's MTP module, read from its headers
 
 
 def pair_geometry(
@@ -91,14 +92,20 @@ def pair_geometry(
 ) -> PairGeometry:
     """Geometry from headers when both were read, else the profile's block; errors name the
     gap."""
-    from spectool.predict import geometry_from_checkpoint, geometry_from_mapping
+    from spectool.predict import (
+        geometry_from_checkpoint,
+        geometry_from_mapping,
+        mtp_geometry_from_checkpoint,
+    )
 
     needs_drafter = method in methods.DRAFTER_GEOMETRY_METHODS
     if target is not None and (drafter is not None or not needs_drafter):
+        native = methods.get(method).uses_native_layers
         return PairGeometry(
             geometry_from_checkpoint(target),
             geometry_from_checkpoint(drafter) if needs_drafter and drafter else None,
             "checkpoint headers",
+            mtp_geometry_from_checkpoint(target) if native else None,
         )
     if recipe is None or recipe.geometry is None:
         raise BadInputError(

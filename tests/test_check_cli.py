@@ -294,3 +294,36 @@ def test_help_and_tables_fit_80_columns_without_broken_tokens() -> None:
         "parameters",
     ):
         assert any(token in line for line in lines), token
+
+
+def test_demo_target_mtp_is_checked_as_mtp_and_the_plain_target_has_no_mtp_layers(
+    capsys,
+) -> None:
+    """``check spectool:demo-target-mtp self``: method mtp from the target's own layer 12,
+    compatible on the embedded engine and by the checkpoint rules; TensorRT-LLM runs MTP only in
+    DeepSeek-family model code, so its rules refuse this Llama. The plain demo target, given
+    ``self``, gets the no-MTP-layers finding (``self`` never falls back to n-gram)."""
+    for engine in ("torch", "none"):
+        code, out, err = run(
+            capsys, "check", "spectool:demo-target-mtp", "self", "--engine", engine, "--json"
+        )
+        report = json.loads(out)
+        assert code == 0, err + out
+        assert (report["verdict"], report["method"]) == ("compatible", "mtp")
+        assert report["target"]["mtp_layers"] == 1 and report["drafter"] is None
+        assert report["max_draft_len"] == 1  # the default for mtp: the target's MTP layers
+    code, out, _ = run(capsys, "check", "spectool:demo-target-mtp", "--engine", "none", "--json")
+    assert (code, json.loads(out)["method"]) == (0, "mtp")  # auto without a drafter
+    code, out, _ = run(capsys, "check", "spectool:demo-target-mtp", "self", "--json")
+    codes = {f["code"]: f["message"] for f in json.loads(out)["findings"]}
+    assert code == 1 and "LlamaForCausalLM" in codes["UNSUPPORTED_BY_TRTLLM"]
+    assert "NO_NATIVE_MTP" not in codes
+    for engine in ("torch", "none", "trtllm"):
+        code, out, _ = run(
+            capsys, "check", "spectool:demo-target", "self", "--engine", engine, "--json"
+        )
+        report = json.loads(out)
+        codes = {f["code"] for f in report["findings"]}
+        assert code == 1 and report["method"] == "mtp" and "NO_NATIVE_MTP" in codes, engine
+    code, out, _ = run(capsys, "check", "spectool:demo-target-mtp", "self", "--engine", "torch")
+    assert code == 0 and "method mtp" in out and "compatible" in out

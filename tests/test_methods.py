@@ -41,7 +41,7 @@ def test_table_shape() -> None:
         "medusa": "medusa",
     }
     assert methods.engine_methods("trtllm") == methods.METHODS
-    assert methods.engine_methods("torch") == ("eagle3", "draft_model", "ngram")
+    assert methods.engine_methods("torch") == ("eagle3", "draft_model", "mtp", "ngram")
     for name in methods.METHODS:
         m = methods.get(name)
         assert m.engines and m.label and m.verifies and m.speculates

@@ -5,21 +5,21 @@ by the command (a profile names both models and the method)."""
 from __future__ import annotations
 
 import os
-from importlib import resources
 from pathlib import Path
 
+from spectool.builtin_models import BUILTIN_PREFIX
 from spectool.ckpt.inspect import Checkpoint, inspect_folder
 from spectool.errors import CheckpointError
 
-BUILTIN_PREFIX = "spectool:"
+__all__ = ["BUILTIN_PREFIX", "builtin_path", "resolve_checkpoint"]
 
 
 def builtin_path(name: str) -> Path:
-    """The folder of a model shipped in ``spectool/assets/models/NAME``."""
-    folder = Path(str(resources.files("spectool") / "assets" / "models" / name))
-    if not (folder / "config.json").is_file():
-        raise CheckpointError(f"{BUILTIN_PREFIX}{name}", "no such built-in model")
-    return folder
+    """The checkpoint folder of a model shipped in ``spectool/assets/models/NAME`` (one shipped
+    packed is assembled on first use: :mod:`spectool.builtin_models`)."""
+    from spectool.builtin_models import builtin_path as folder_of
+
+    return folder_of(name)
 
 
 def resolve_checkpoint(ref: str) -> Checkpoint:

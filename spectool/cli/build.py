@@ -75,6 +75,19 @@ DownloadOpt = Annotated[
         rich_help_panel=ADVANCED,
     ),
 ]
+RelaxedOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--mtp-relaxed-acceptance",
+        metavar="TOPK,DELTA",
+        help="MTP on TensorRT-LLM only: relaxed acceptance for thinking, relaxed_topk TOPK "
+        "and relaxed_delta DELTA (e.g. 10,0.6, TensorRT-LLM's DeepSeek-R1 recipe). Lossy: while "
+        "thinking, a draft among the target's top TOPK within DELTA of the best is accepted, so "
+        "outputs are no longer the target's own.",
+        show_default="not written: exact verification",
+        rich_help_panel=ENGINE,
+    ),
+]
 ExamplesOpt = Annotated[
     Path | None,
     typer.Option(
@@ -109,6 +122,7 @@ def build(
     trtllm_examples: ExamplesOpt = None,
     inert_gate: InertGateOpt = "serve",
     download: DownloadOpt = False,
+    mtp_relaxed_acceptance: RelaxedOpt = None,
     trust_remote_code: TrustRemoteCodeOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -119,6 +133,7 @@ def build(
     from spectool.deploy.build import (
         BuildRequest,
         check_build,
+        parse_relaxed_acceptance,
         plan_build,
         run_engine_steps,
         write_build,
@@ -144,6 +159,7 @@ def build(
         trtllm_examples=trtllm_examples,
         inert_gate=inert_gate,
         download=download,
+        mtp_relaxed_acceptance=parse_relaxed_acceptance(mtp_relaxed_acceptance),
     )
     inputs = check_build(request)
     if inputs.report.errors:

@@ -124,6 +124,9 @@ def torch_serve_request(
     """
     if engine_config is not None:
         method = str(engine_config["method"])
+    if drafter == methods.SELF_DRAFTER:  # the target's own MTP layers, as check and build take
+        drafter = None
+        method = "mtp" if method == "auto" else method
     if method not in TORCH_METHODS:
         raise BadInputError(
             "--method",
@@ -152,6 +155,8 @@ def torch_serve_request(
     if not 0 <= port <= 65535:
         raise BadInputError("--port", f"must be in 0..65535, got {port}")
     target_path = _local_folder(target, "target")
+    if spec.uses_native_layers:
+        _check_native_layers(target_path, target)
     drafter_path = (
         _local_folder(drafter, "drafter", spec.drafter_kind or methods.CAUSAL_LM)
         if drafter is not None
@@ -184,6 +189,20 @@ def torch_serve_request(
         draft_len_schedule=schedule,
         default_pair=default_pair,
     )
+
+
+def _check_native_layers(path: Path, ref: str) -> None:
+    """Method mtp drafts with the target's own MTP module: one line before any server starts
+    when its config declares none (or its weights hold none)."""
+    from spectool.ckpt.inspect import inspect_folder
+
+    ckpt = inspect_folder(path, ref)
+    if not ckpt.mtp_layers:
+        raise CheckpointError(
+            ref,
+            "declares no MTP layers (num_nextn_predict_layers) with MTP tensors in its weights; "
+            "method mtp drafts with the target's own MTP module",
+        )
 
 
 def _auto_method(drafter: str | None) -> str:

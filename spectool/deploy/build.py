@@ -64,6 +64,7 @@ __all__ = [
     "check_build",
     "existing_build_state",
     "model_ref",
+    "parse_relaxed_acceptance",
     "plan_build",
     "resolve_build_gpu",
     "run_engine_steps",
@@ -71,6 +72,37 @@ __all__ = [
 ]
 
 ENGINES = ("trtllm", "torch")
+RELAXED_FLAG = "--mtp-relaxed-acceptance"
+
+
+def parse_relaxed_acceptance(text: str | None) -> tuple[int, float] | None:
+    """``"10,0.6"`` -> ``(10, 0.6)`` (relaxed_topk >= 1, relaxed_delta >= 0); None stays None."""
+    if text is None:
+        return None
+    parts = text.split(",")
+    try:
+        topk, delta = int(parts[0]), float(parts[1])
+    except (IndexError, ValueError):
+        raise BadInputError(
+            RELAXED_FLAG, f"expected TOPK,DELTA such as 10,0.6, got {text!r}"
+        ) from None
+    if len(parts) != 2 or topk < 1 or not delta >= 0:
+        raise BadInputError(
+            RELAXED_FLAG, f"TOPK must be >= 1 and DELTA >= 0 (e.g. 10,0.6), got {text!r}"
+        )
+    return topk, delta
+
+
+def relaxed_options(req: BuildRequest) -> dict[str, object]:
+    """The ``speculative_config`` fields of MTP's relaxed acceptance, when asked for."""
+    if req.mtp_relaxed_acceptance is None:
+        return {}
+    topk, delta = req.mtp_relaxed_acceptance
+    return {
+        "use_relaxed_acceptance_for_thinking": True,
+        "relaxed_topk": topk,
+        "relaxed_delta": delta,
+    }
 
 
 # ---- step 1: check -----------------------------------------------------------------------------
@@ -136,6 +168,13 @@ def check_build(req: BuildRequest) -> BuildInputs:
             max_seq_len=max_seq_len,
         )
     )
+    if req.mtp_relaxed_acceptance is not None and (
+        report.method != "mtp" or req.engine != "trtllm"
+    ):
+        raise BadInputError(
+            RELAXED_FLAG,
+            f"applies to method mtp on TensorRT-LLM only, not {report.method} on {req.engine}",
+        )
     if decision is not None and decision.method and decision.method != report.method:
         raise BadInputError(
             req.decision,
@@ -170,6 +209,9 @@ def build_argv(inputs: BuildInputs, out: Path) -> tuple[str, ...]:
         argv += ["--max-seq-len", str(req.max_seq_len)]
     if req.decision is not None:
         argv += ["--decision", str(Path(req.decision).resolve())]
+    if req.mtp_relaxed_acceptance is not None:
+        topk, delta = req.mtp_relaxed_acceptance
+        argv += [RELAXED_FLAG, f"{topk},{delta:g}"]
     if req.trust_remote_code:
         argv.append("--trust-remote-code")
     return tuple(argv)
@@ -233,7 +275,14 @@ def plan_build(inputs: BuildInputs) -> BuildPlan:
             backend=t["backend"],
             tensorrt_version=detect_tensorrt_version(),
         )
-        files.update(trtllm_files(inputs, limits, gate))
+        files.update(trtllm_files(inputs, limits, gate, relaxed_options(req)))
+        if req.mtp_relaxed_acceptance is not None:
+            notes.append(
+                "MTP relaxed acceptance is on (use_relaxed_acceptance_for_thinking, relaxed_topk "
+                f"{req.mtp_relaxed_acceptance[0]}, relaxed_delta {req.mtp_relaxed_acceptance[1]:g}"
+                "): lossy, during thinking drafts the target did not pick are accepted, so "
+                "outputs are no longer the target's own"
+            )
         spec_name, base_name = CONFIG_FILES["trtllm"]
         common = {
             "release": t["release"],

@@ -28,6 +28,9 @@ class BuildRequest(PairOptions):
     # the baseline above break-even) or "two-model" (EAGLE-3 two-model, where it is honoured).
     inert_gate: str = "serve"
     download: bool = False
+    # MTP on TensorRT-LLM: (relaxed_topk, relaxed_delta) writes use_relaxed_acceptance_for_thinking,
+    # which accepts drafts the target did not pick (lossy); never written unless asked.
+    mtp_relaxed_acceptance: tuple[int, float] | None = None
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,12 @@ def _validated_yaml(text: str, release: str, backend: str) -> bytes:
     return text.encode("utf-8")
 
 
-def trtllm_files(inputs: BuildInputs, limits: LimitsRecord, gate: Gate) -> dict[str, bytes]:
+def trtllm_files(
+    inputs: BuildInputs,
+    limits: LimitsRecord,
+    gate: Gate,
+    speculative_extra: dict[str, Any] | None = None,
+) -> dict[str, bytes]:
     from spectool.trtllm.releases import release_info
     from spectool.trtllm.spec_yaml import ServeLimits, render_baseline_yaml, render_speculative_yaml
 
@@ -78,6 +83,7 @@ def trtllm_files(inputs: BuildInputs, limits: LimitsRecord, gate: Gate) -> dict[
         drafter_ref=drafter_ref,
         max_draft_len=report.max_draft_len,
         limits=serve_limits,
+        speculative_extra=speculative_extra or None,
         extra=extra,
         **gate.kwargs,
     )

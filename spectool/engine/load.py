@@ -9,7 +9,8 @@ projection and gate/up into another, and storing projection matrices ``[in, out]
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,13 @@ PROJECTION_WEIGHTS: tuple[str, ...] = (
     "output.weight",
 )
 
+# DeepSeek-V3's MTP modules (config.json ``num_nextn_predict_layers``) are stored as decoder
+# layers num_hidden_layers, num_hidden_layers + 1, ...: not part of the target's forward (they
+# draft: spectool.engine.mtp_module), so the target's loader passes over them, as transformers'
+# DeepseekV3 models do (``_keys_to_ignore_on_load_unexpected = [r"model\.layers\.61.*"]``).
+MTP_CONFIG_KEY = "num_nextn_predict_layers"
+_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
+
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "float64": torch.float64,
@@ -54,6 +62,21 @@ def read_model_args(folder: Path) -> ModelArgs:
         raise CheckpointError(folder, "not a folder")
     config_path = folder / "config.json"
     return ModelArgs.from_hf_config(read_json(config_path), where=config_path)
+
+
+def declared_mtp_layers(folder: Path) -> int:
+    """``num_nextn_predict_layers`` of ``folder/config.json`` (0 when absent)."""
+    path = folder / "config.json"
+    value = read_json(path).get(MTP_CONFIG_KEY) or 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise CheckpointError(path, f"{MTP_CONFIG_KEY} is {value!r}, not a count")
+    return value
+
+
+def is_mtp_tensor(name: str, n_layers: int, n_mtp: int) -> bool:
+    """Whether ``name`` belongs to one of ``n_mtp`` MTP modules stored after ``n_layers``."""
+    m = _LAYER_RE.match(name)
+    return m is not None and n_layers <= int(m.group(1)) < n_layers + n_mtp
 
 
 def resolve_dtype(name: str) -> torch.dtype:
@@ -106,6 +129,12 @@ def _read_tensors(files: dict[str, Path]) -> Iterator[tuple[str, Tensor]]:
             raise CheckpointError(path, f"not a readable safetensors file: {e}") from e
 
 
+def read_checkpoint_tensors(folder: Path, wanted: Callable[[str], bool]) -> dict[str, Tensor]:
+    """The tensors of ``folder`` whose Hugging Face name ``wanted`` accepts (file dtype)."""
+    files = {name: path for name, path in _weight_files(folder).items() if wanted(name)}
+    return dict(_read_tensors(files))
+
+
 def hf_to_engine_names(args: ModelArgs) -> dict[str, str]:
     """Engine parameter name for every Hugging Face tensor name (q/k/v map to one fused name,
     gate/up to another)."""
@@ -147,7 +176,12 @@ def load_state_dict(folder: Path, args: ModelArgs) -> dict[str, Tensor]:
     """Read every tensor the model needs, renamed to engine names, q/k/v and gate/up fused,
     projection weights transposed to ``[in, out]`` (in file dtype)."""
     mapping = hf_to_engine_names(args)
-    files = _weight_files(folder)
+    n_mtp = declared_mtp_layers(folder)
+    files = {
+        name: path
+        for name, path in _weight_files(folder).items()
+        if not (n_mtp and is_mtp_tensor(name, args.n_layers, n_mtp))
+    }
     raw: dict[str, Tensor] = {}
     unexpected: list[str] = []
     wanted = {name: path for name, path in files.items() if name in mapping}

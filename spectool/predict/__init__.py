@@ -59,6 +59,7 @@ from spectool.predict.geometry import (
     GeometrySpec,
     geometry_from_checkpoint,
     geometry_from_mapping,
+    mtp_geometry_from_checkpoint,
 )
 from spectool.predict.model import (
     ConcurrencyPrediction,
@@ -97,6 +98,7 @@ __all__ = [
     "forward_cost",
     "geometry_from_checkpoint",
     "geometry_from_mapping",
+    "mtp_geometry_from_checkpoint",
     "predict",
     "setup_for",
     "speedup",

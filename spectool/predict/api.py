@@ -7,7 +7,11 @@ from typing import TYPE_CHECKING, Any
 from spectool.errors import BadInputError
 from spectool.predict.acceptance import Acceptance
 from spectool.predict.cost import ENGINE_DEFAULTS, EngineFactors, Hardware
-from spectool.predict.geometry import Geometry, geometry_from_checkpoint
+from spectool.predict.geometry import (
+    Geometry,
+    geometry_from_checkpoint,
+    mtp_geometry_from_checkpoint,
+)
 from spectool.predict.model import Prediction, Setup
 
 if TYPE_CHECKING:
@@ -24,9 +28,14 @@ def setup_for(
     engine: str | EngineFactors = "trtllm",
     tp: int = 1,
     context: int = 1024,
+    mtp_layer: Geometry | None = None,
 ) -> Setup:
     """A :class:`Setup` from checkpoints (headers only) or geometries, a GPU profile and an
-    engine name (``trtllm``, ``vllm``, ``sglang``, ``torch-cpu``) or fitted factors."""
+    engine name (``trtllm``, ``vllm``, ``sglang``, ``torch-cpu``) or fitted factors.
+
+    ``mtp``: the draft step is one forward of ``mtp_layer``; from a target checkpoint it is
+    read from its headers (:func:`mtp_geometry_from_checkpoint`), else the target's geometry
+    cut to one layer stands in."""
     if isinstance(engine, str):
         if engine not in ENGINE_DEFAULTS:
             raise BadInputError(
@@ -42,6 +51,8 @@ def setup_for(
 
     target_geom = geom(target)
     assert target_geom is not None
+    if mtp_layer is None and method == "mtp" and not isinstance(target, Geometry):
+        mtp_layer = mtp_geometry_from_checkpoint(target)
     return Setup(
         target=target_geom,
         method=method,
@@ -50,6 +61,7 @@ def setup_for(
         drafter=geom(drafter),
         tp=tp,
         context=context,
+        mtp_layer=mtp_layer,
     )
 
 

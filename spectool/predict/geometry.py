@@ -264,3 +264,71 @@ def geometry_from_checkpoint(ckpt: Checkpoint, kv_dtype: str | None = None) -> G
         experts_per_token=top_k or 0,
         moe_layers=len(moe_layer_ids),
     )
+
+
+_MTP_MODULE_RE = re.compile(r"^(?:mtp\.layers|mtp_layers)\.(\d+)\.")
+_SHARED_COPIES = ("embed_tokens.weight", "shared_head.head.weight")
+
+
+def mtp_geometry_from_checkpoint(ckpt: Checkpoint, kv_dtype: str | None = None) -> Geometry | None:
+    """The first MTP module of a target checkpoint, sized for the step-cost model (one draft
+    step is one forward of it); None when the weights hold no MTP module.
+
+    The module's tensors: DeepSeek-V3's layer ``num_hidden_layers`` (``eh_proj``, norms, its
+    decoder layer and, when MoE, its experts), Qwen3-Next's ``mtp.layers.0`` plus the shared
+    ``mtp.*`` tensors, MiMo's ``mtp_layers.0``. The LM head it multiplies by is the target's
+    (``shared_head.head`` when stored, else ``lm_head`` or the tied embedding); a stored
+    ``embed_tokens`` copy is a row lookup and is left out, as for every model.
+    """
+    target = geometry_from_checkpoint(ckpt, kv_dtype)
+    layers = ckpt.num_layers or 0
+    module: dict[str, Any] = {}
+    for raw_name, info in ckpt.tensors.items():
+        name = raw_name[len("model.") :] if raw_name.startswith("model.") else raw_name
+        layer = _LAYER_RE.match(name)
+        numbered = _MTP_MODULE_RE.match(name)
+        if layer is not None and name.startswith("layers."):
+            if int(layer.group(1)) != layers:
+                continue
+        elif numbered is not None:
+            if int(numbered.group(1)) != 0:
+                continue
+        elif not name.startswith("mtp."):
+            continue
+        module[name] = info
+    if not any(("eh_proj" in n or "enorm" in n or n.startswith("mtp")) for n in module):
+        return None
+    dense = 0.0
+    lm_head = 0.0
+    experts: dict[int, float] = {}
+    bytes_total = count_total = 0.0
+    for name, info in module.items():
+        if name.endswith(_SHARED_COPIES[0]):
+            continue
+        bytes_total += info.nbytes
+        count_total += info.numel
+        if name.endswith(_SHARED_COPIES[1]):
+            lm_head = float(info.numel)
+            continue
+        expert = _EXPERT_RE.search(name)
+        if expert:
+            experts[int(expert.group(1))] = experts.get(int(expert.group(1)), 0.0) + info.numel
+        else:
+            dense += info.numel
+    lm_head = lm_head or target.lm_head_params
+    kv_per_layer = target.kv_bytes_per_token / target.num_layers
+    return Geometry(
+        name=f"{ckpt.ref} MTP module",
+        num_layers=1,
+        hidden_size=target.hidden_size,
+        num_attention_heads=target.num_attention_heads,
+        head_dim=target.head_dim,
+        dense_params=dense + lm_head,
+        lm_head_params=lm_head,
+        kv_bytes_per_token=kv_per_layer,
+        weight_bytes_per_param=bytes_total / count_total if count_total else 2.0,
+        expert_params=sum(experts.values()) / len(experts) if experts else 0.0,
+        num_experts=len(experts),
+        experts_per_token=target.experts_per_token if experts else 0,
+        moe_layers=1 if experts else 0,
+    )

@@ -96,6 +96,7 @@ def resolved_setup(
         resolved.method,
         hardware,
         drafter=geom.drafter,
+        mtp_layer=geom.mtp_layer,
         engine=factors,
         tp=resolved.request.tp,
         context=context,

@@ -205,3 +205,77 @@ def write_eagle3_head(
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"))
     (folder / "config.json").write_text(json.dumps(head_config, indent=2), encoding="utf-8")
     return folder
+
+
+def write_mtp_target(
+    folder: Path,
+    target: Path,
+    *,
+    seed: int = 0,
+    init_range: float = 0.3,
+    shared_copies: bool = True,
+) -> Path:
+    """A copy of the ``target`` checkpoint with one random MTP module in DeepSeek-V3's layout:
+    ``num_nextn_predict_layers: 1`` in config.json, the module as decoder layer
+    ``num_hidden_layers`` (``enorm``, ``hnorm``, ``eh_proj``, a decoder layer, ``shared_head``)
+    in a second shard, with ``model.safetensors.index.json`` over both (float32).
+
+    ``shared_copies``: also store ``embed_tokens`` and ``shared_head.head`` copies of the
+    target's embedding and LM head in the module, as DeepSeek-V3's checkpoint does.
+    """
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    config = json.loads((target / "config.json").read_text())
+    dim, vocab = config["hidden_size"], config["vocab_size"]
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = config.get("head_dim") or dim // heads
+    inter = config["intermediate_size"]
+    n = config["num_hidden_layers"]
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=gen) * init_range
+
+    def norm() -> torch.Tensor:
+        return torch.rand(dim, generator=gen) + 0.5
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for item in target.iterdir():
+        if item.name not in ("config.json", "model.safetensors"):
+            shutil.copy(item, folder / item.name)
+    main = load_file(str(target / "model.safetensors"))
+    p = f"model.layers.{n}."
+    module = {
+        p + "enorm.weight": norm(),
+        p + "hnorm.weight": norm(),
+        p + "eh_proj.weight": rand(dim, 2 * dim),
+        p + "input_layernorm.weight": norm(),
+        p + "self_attn.q_proj.weight": rand(heads * head_dim, dim),
+        p + "self_attn.k_proj.weight": rand(kv_heads * head_dim, dim),
+        p + "self_attn.v_proj.weight": rand(kv_heads * head_dim, dim),
+        p + "self_attn.o_proj.weight": rand(dim, heads * head_dim),
+        p + "post_attention_layernorm.weight": norm(),
+        p + "mlp.gate_proj.weight": rand(inter, dim),
+        p + "mlp.up_proj.weight": rand(inter, dim),
+        p + "mlp.down_proj.weight": rand(dim, inter),
+        p + "shared_head.norm.weight": norm(),
+    }
+    if shared_copies:
+        embed = main["model.embed_tokens.weight"]
+        module[p + "embed_tokens.weight"] = embed.clone()
+        module[p + "shared_head.head.weight"] = main.get("lm_head.weight", embed).clone()
+    shards = {"model-00001-of-00002.safetensors": main, "model-00002-of-00002.safetensors": module}
+    weight_map = {}
+    for name, tensors in shards.items():
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / name))
+        weight_map.update(dict.fromkeys(tensors, name))
+    total = sum(t.numel() * t.element_size() for s in shards.values() for t in s.values())
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1)
+    )
+    config["num_nextn_predict_layers"] = 1
+    (folder / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    assert vocab == main["model.embed_tokens.weight"].shape[0]
+    return folder

@@ -210,6 +210,55 @@ def test_serve_process_answers_then_stops_on_sigint(target_dir: Path, drafter_di
     assert "model tiny loaded" in err and "Application shutdown complete" in err
 
 
+def test_serve_runs_the_demo_targets_own_mtp_module() -> None:
+    """``spectool serve spectool:demo-target-mtp self --engine torch``: the embedded engine
+    drafts with the target's MTP module (``self``), answers with tokens and reports MTP
+    drafts accepted in /metrics; a target without MTP layers is refused in one line first."""
+    request = torch_serve_request("spectool:demo-target-mtp", "self")
+    assert (request.method, request.drafter) == ("mtp", None)
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = [sys.executable, "-m", "spectool.cli.app", "serve", "spectool:demo-target-mtp", "self"]
+    argv += ["--engine", "torch", "--port", str(port), "--device", "cpu", "--max-seq-len", "256"]
+    argv += ["--max-draft-len", "2", "--served-model-name", "mtp", "--log-level", "warning"]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.monotonic() + START_DEADLINE_S
+        status = None
+        while time.monotonic() < end and status != 200:
+            assert process.poll() is None, process.communicate()[1]
+            try:
+                status = httpx.get(f"{url}/health", timeout=2.0).status_code
+            except httpx.TransportError:
+                status = None
+            time.sleep(0.05)
+        assert status == 200
+        body = {"model": "mtp", "prompt": "def main(argv):\n    ", "max_tokens": 24}
+        response = httpx.post(
+            f"{url}/v1/completions", json={**body, "ignore_eos": True}, timeout=60
+        )
+        assert response.status_code == 200, response.text
+        assert response.json()["usage"]["completion_tokens"] == 24
+        metrics = httpx.get(f"{url}/metrics").json()
+        spec = [m["specDecodingStats"] for m in metrics if "specDecodingStats" in m]
+        assert spec and sum(s["numDraftTokens"] for s in spec) > 0
+        assert sum(s["numAcceptedTokens"] for s in spec) > 0  # the trained module is accepted
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 130
+    assert "mtp" in err
+
+
+def test_serving_mtp_needs_a_target_with_mtp_layers(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "spectool:demo-target", "self", "--engine", "torch"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "declares no MTP layers" in err
+
+
 def test_a_model_that_fails_to_load_stops_the_server_with_its_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

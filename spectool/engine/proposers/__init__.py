@@ -6,12 +6,12 @@ added to :data:`PROPOSERS`; the engine, verification and the server need no chan
 
 from __future__ import annotations
 
-from spectool.engine.proposers import draft_model, eagle3, ngram
+from spectool.engine.proposers import draft_model, eagle3, mtp, ngram
 from spectool.engine.proposers.base import Proposer, ProposerContext, ProposerSpec
 from spectool.errors import ConfigError
 
 PROPOSERS: dict[str, ProposerSpec] = {
-    spec.name: spec for spec in (draft_model.SPEC, ngram.SPEC, eagle3.SPEC)
+    spec.name: spec for spec in (draft_model.SPEC, ngram.SPEC, eagle3.SPEC, mtp.SPEC)
 }
 
 __all__ = ["PROPOSERS", "Proposer", "ProposerContext", "ProposerSpec", "proposer_spec"]
