@@ -41,6 +41,7 @@ from spectool.measure.runner import TrialConfig, measure  # noqa: E402
 from spectool.tuning.compare import method_requests, resolve_all  # noqa: E402
 from spectool.tuning.plan import METRICS_INTERVAL_S, make_driver, measurement_plan  # noqa: E402
 from spectool.tuning.request import TuneRequest, parse_concurrencies  # noqa: E402
+from spectool.tuning.trials import BLOCK_WAVES  # noqa: E402
 
 QUALITY = 0.95
 VERDICT_MARGIN = 0.05
@@ -87,7 +88,10 @@ def sweep(args: argparse.Namespace, out: Path) -> dict[str, dict[str, list[float
                     trial = TrialConfig(
                         label=f"sweep {name} c={c} round={round_}",
                         concurrency=c,
-                        num_prompts=max(n, c),
+                        # at least two waves, as tune's blocks (trials.BLOCK_WAVES): a closed
+                        # loop in which finished requests are replaced and arriving prefills
+                        # stall the others' decoding; one wave of c would decode in lockstep
+                        num_prompts=max(n, BLOCK_WAVES * c),
                         max_tokens=args.max_tokens,
                         prompt_indices=tuple(order),
                     )
