@@ -117,10 +117,11 @@ class _MetricsPoller:
         where = self.client.base_url + path
         try:
             payload = await self.client.get_json(path)
-            if not keep and self.paged and _iteration_numbers(payload) is not None:
+            numbers = _iteration_numbers(payload) if not keep and self.paged else None
+            if numbers is not None:
                 # only where the trial's iterations start: the numbers, not the records
                 # (a paged server returns its whole history here, up to 1000 records)
-                self.after = max(self.after, *_iteration_numbers(payload) or [self.after])
+                self.after = max([self.after, *numbers])
                 return
             parsed = parse_iteration_stats(payload, where=where)
         except Exception as e:  # no JSON iteration stats here: note it, stop polling

@@ -208,10 +208,7 @@ def measure_joint(
             compared = decided(duel, confidence=confidence, margin=TIE_MARGIN, looks=looks)
         if each_done and (compared or over):
             break
-    if not cells or len(next(iter(cells.values())).pairs) != len(rounds):
-        cells = {
-            arm: _paired(arm, arms, rounds, looks, objective, workload_prompts) for arm in arms
-        }
+    # the last round is always a look (max_pairs is a whole number of looks): cells hold them all
     return JointCell(c, arms, tuple(rounds), cells)
 
 
@@ -304,19 +301,18 @@ def duel_from_joint(
     for conc, arms, n in joint_index(top):
         if conc != c or a not in arms or b not in arms or n < 2:
             continue
-        pairs, sent = [], set()
+        rounds: list[dict[Slot, TrialResult]] = []
         for i in range(n):
-            blocks = []
+            got: dict[Slot, TrialResult] = {}
             for arm in (a, b):
                 side = files[arm.method]
                 trial = side.saved.get(side.plan.block_config(c, arm.k, i, arm.k).key())
                 if trial is None:
                     return None
-                blocks.append(trial)
-                sent.update(prompts_sent(trial))
-            pairs.append(
-                DuelPair(pooled_cell([blocks[0]], a.k), pooled_cell([blocks[1]], b.k), i % 2 == 0)
-            )
+                got[arm] = trial
+            rounds.append(got)
+        pairs = duel_pairs(a, b, rounds)
+        sent = {p for got in rounds for t in got.values() for p in prompts_sent(t)}
         return duel_estimate(
             pairs,
             (a.method, b.method),
