@@ -81,6 +81,16 @@ ExpectedConcurrencyOpt = Annotated[
         rich_help_panel=LOAD,
     ),
 ]
+ExpectedRateOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--expected-rate",
+        help="Build DIR: arrival rate you expect (req/s); the cost gate judges speculation by "
+        "the tune decision's measured rate levels (tune --request-rate).",
+        show_default="(none)",
+        rich_help_panel=LOAD,
+    ),
+]
 ReadyTimeoutOpt = Annotated[
     float | None,
     typer.Option(
@@ -218,6 +228,7 @@ def serve(
     log_level: LogLevelOpt = "info",
     speculation: SpeculationOpt = "auto",
     expected_concurrency: ExpectedConcurrencyOpt = None,
+    expected_rate: ExpectedRateOpt = None,
     ready_timeout: ReadyTimeoutOpt = None,
     max_concurrency: MaxConcurrencyOpt = None,
     draft_len_schedule: DraftLenScheduleOpt = None,
@@ -244,6 +255,7 @@ def serve(
             engine=engine,
             speculation=speculation,
             expected_concurrency=expected_concurrency,
+            expected_rate=expected_rate,
             host=host,
             port=port,
             ready_timeout_s=ready_timeout,
@@ -261,7 +273,7 @@ def serve(
         raise BadInputError(
             "--", "extra server arguments need a build folder (spectool serve DIR -- ...)"
         )
-    for name in ("speculation", "expected_concurrency", "ready_timeout"):
+    for name in ("speculation", "expected_concurrency", "expected_rate", "ready_timeout"):
         if _given(ctx, name):
             raise BadInputError(
                 f"--{name.replace('_', '-')}", "applies to a build folder (spectool serve DIR)"
@@ -347,6 +359,7 @@ def _serve_build(
     engine: str | None,
     speculation: str,
     expected_concurrency: int | None,
+    expected_rate: float | None,
     host: str,
     port: int,
     ready_timeout_s: float | None,
@@ -376,6 +389,7 @@ def _serve_build(
         engine=engine,
         speculation=speculation,
         expected_concurrency=expected_concurrency,
+        expected_rate=expected_rate,
         host=host,
         port=port,
         extra=[*torch_flags, *passthrough],

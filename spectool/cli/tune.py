@@ -41,6 +41,8 @@ from spectool.cli.options import (
 from spectool.cli.tune_options import (
     AcceptanceFromOpt,
     BudgetOpt,
+    BurstinessOpt,
+    CapacityOpt,
     ConcurrencyOpt,
     ConfidenceOpt,
     DeviceOpt,
@@ -53,8 +55,10 @@ from spectool.cli.tune_options import (
     PredictOnlyOpt,
     ReadyTimeoutOpt,
     RepeatsOpt,
+    RequestRateOpt,
     ResumeOpt,
     SeedOpt,
+    SloOpt,
     TemperatureOpt,
     ThreadsOpt,
     TimeScaleOpt,
@@ -71,9 +75,11 @@ from spectool.decide.verdict import DEFAULT_OBJECTIVE
 if TYPE_CHECKING:
     from spectool.measure.client import StreamResult
     from spectool.measure.runner import TrialConfig, TrialResult
+    from spectool.tuning.capacity import Search
     from spectool.tuning.compare import MethodsOutcome
     from spectool.tuning.driver import ServerInfo
     from spectool.tuning.outcome import TuneOutcome
+    from spectool.tuning.rates import RateCell
     from spectool.tuning.request import TuneRequest
     from spectool.tuning.session import TuneProgress
 
@@ -246,6 +252,10 @@ def tune(
     objective: ObjectiveOpt = DEFAULT_OBJECTIVE,
     temperature: TemperatureOpt = 0.0,
     top_p: TopPOpt = 1.0,
+    request_rate: RequestRateOpt = None,
+    burstiness: BurstinessOpt = 1.0,
+    capacity: CapacityOpt = False,
+    slo: SloOpt = None,
     trust_remote_code: TrustRemoteCodeOpt = False,
     predict_only: PredictOnlyOpt = False,
     acceptance_length: AcceptanceLengthOpt = None,
@@ -259,6 +269,8 @@ def tune(
     No arguments: the demo profile's three methods on the embedded engine, compared (about 5-6
     minutes on 2 CPU cores). Main options first; the other panels follow a run's order.
     """
+    from spectool.decide.slo import parse_slo
+    from spectool.tuning.rates import parse_rates
     from spectool.tuning.request import TuneRequest, parse_concurrencies
 
     request = TuneRequest(
@@ -295,6 +307,10 @@ def tune(
         temperature=temperature,
         top_p=top_p,
         time_scale=time_scale,
+        request_rates=parse_rates(request_rate),
+        burstiness=burstiness,
+        capacity=capacity,
+        slo=parse_slo(slo),
     )
     from spectool.inputs import check_pair_options
 
@@ -321,11 +337,11 @@ def tune(
         try:
             if live:
                 with RichTuneProgress() as progress:
-                    result = _run(requests, progress, stop)
+                    result, rates, found = _run(requests, progress, stop)
             elif not as_json:
-                result = _run(requests, PlainTuneProgress(), stop)
+                result, rates, found = _run(requests, PlainTuneProgress(), stop)
             else:
-                result = _run(requests, None, stop)
+                result, rates, found = _run(requests, None, stop)
         except KeyboardInterrupt:
             err_console.print(
                 f"stopped; finished trials are saved under {Path(out)}: rerun with --resume to "
@@ -337,14 +353,63 @@ def tune(
         from spectool.cli.output import print_json
 
         single = isinstance(result, TuneOutcome)
-        print_json(summary_json(result) if single else methods_json(result))
-    elif isinstance(result, TuneOutcome):
+        data = summary_json(result) if single else methods_json(result)
+        if rates:
+            data["rates"] = [c.to_json() for c in rates]
+        if found is not None:
+            from spectool.tuning.capacity import summary
+
+            data["capacity"] = summary(found, request.slo)
+        print_json(data)
+        return
+    if isinstance(result, TuneOutcome):
         render(result)
     else:
         render_methods(result)
+    if rates:
+        from spectool.cli.output import console
+        from spectool.tuning.rates import report_lines
+
+        console.print("\n".join(report_lines(rates, request.objective)), markup=False)
+    if found is not None:
+        from spectool.cli.output import console
+        from spectool.tuning.capacity import sentence
+
+        console.print(sentence(found), markup=False)
 
 
 def _run(
+    requests: list[TuneRequest], progress: TuneProgress | None, stop: _StopRequest
+) -> tuple[TuneOutcome | MethodsOutcome, list[RateCell], Search | None]:
+    """The choice (:func:`_choose`), then the deployment at the users' arrival rates
+    (:func:`spectool.tuning.rates.run_rates`, when --request-rate or a trace asks for them)
+    and its capacity at the SLO (:func:`spectool.tuning.capacity.run_capacity`, --capacity)."""
+    from spectool.tuning.outcome import TuneOutcome
+    from spectool.tuning.rates import run_rates
+
+    result = _choose(requests, progress, stop)
+    single = result if isinstance(result, TuneOutcome) else result.chosen
+    out = single.out if isinstance(result, TuneOutcome) else result.out
+    cells, _ = run_rates(
+        single.resolved, single.result.choices, out, progress=progress, should_stop=stop
+    )
+    found = None
+    if single.resolved.request.capacity:
+        from spectool.tuning.capacity import run_capacity
+
+        found, _ = run_capacity(
+            single.resolved,
+            dict(single.result.choices),
+            out,
+            single.resolved.request.slo,
+            measured_in=single.out,
+            progress=progress,
+            should_stop=stop,
+        )
+    return result, cells, found
+
+
+def _choose(
     requests: list[TuneRequest], progress: TuneProgress | None, stop: _StopRequest
 ) -> TuneOutcome | MethodsOutcome:
     """One method: its run. Several: every method's run in its folder, then the comparison."""

@@ -168,6 +168,45 @@ TimeScaleOpt = Annotated[
         rich_help_panel=WORKLOAD,
     ),
 ]
+RequestRateOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--request-rate",
+        help="Comma-separated arrival rates (req/s): after the choice, the deployment is "
+        "measured against the baseline at each, open loop, in paired blocks with the same "
+        "arrivals (a trace workload is also replayed at its own pace).",
+        show_default="(none)",
+        rich_help_panel=LOAD,
+    ),
+]
+BurstinessOpt = Annotated[
+    float,
+    typer.Option(
+        "--burstiness",
+        help="Shape of the gamma gaps between --request-rate arrivals (1: Poisson; below 1 "
+        "burstier, above 1 steadier), as vLLM's --burstiness.",
+        rich_help_panel=LOAD,
+    ),
+]
+CapacityOpt = Annotated[
+    bool,
+    typer.Option(
+        "--capacity",
+        help="After the choice, find the highest arrival rate the deployment and the baseline "
+        "each sustain within --slo (doubling, then bisection; paired open-loop probes).",
+        rich_help_panel=LOAD,
+    ),
+]
+SloOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--slo",
+        help="Service-level objective for --capacity: terms metric:LIMIT, each optionally @pQ, e.g. "
+        "ttft:200ms,tpot:30ms@p99,e2e:2s (ms when no unit; p99 when no percentile).",
+        show_default="(none)",
+        rich_help_panel=LOAD,
+    ),
+]
 MinGainOpt = Annotated[
     float,
     typer.Option(

@@ -66,6 +66,33 @@ class DecisionCell(BaseModel):
         )
 
 
+class DecisionRate(BaseModel):
+    """The deployment against the baseline at one arrival rate (:mod:`spectool.tuning.rates`):
+    the objective's paired ratio (deployed / baseline, below 1 pays) and the mean requests in
+    flight per arm (Little's law), the concurrency the server saw at that rate."""
+
+    model_config = _IGNORE_EXTRA
+
+    rate_per_s: float = Field(gt=0)
+    burstiness: float = Field(default=1.0, gt=0)
+    trace: bool = False
+    objective_ratio: float = Field(gt=0)
+    ci_low: float
+    ci_high: float
+    verdict: Literal["pays", "does_not_pay", "inconclusive"]
+    in_flight_base: float = Field(ge=0)
+    in_flight_spec: float = Field(ge=0)
+
+    def describe(self, objective: str) -> str:
+        kind = "trace replay at" if self.trace else "arrivals at"
+        return (
+            f"{kind} {self.rate_per_s:.3g} req/s: deployed / baseline {objective} "
+            f"{self.objective_ratio:.3f} (CI {self.ci_low:.3f}-{self.ci_high:.3f}, "
+            f"{self.verdict.replace('_', ' ')}; {self.in_flight_base:.1f} requests in flight "
+            "without speculation)"
+        )
+
+
 class Decision(BaseModel):
     """The parts of ``decision.json`` spectool acts on (see the module docstring)."""
 
@@ -81,6 +108,9 @@ class Decision(BaseModel):
     # which acceptance input and calibration (spectool.tuning.predicted)
     predicted: bool = False
     prediction: dict[str, Any] | None = None
+    # tune --request-rate: the deployment at the users' arrival rates, and the objective
+    rates: tuple[DecisionRate, ...] = ()
+    rates_objective: str | None = None
 
     @property
     def label(self) -> str:
@@ -139,6 +169,12 @@ class Decision(BaseModel):
         spec = [c for c in self.cells if c.concurrency == concurrency and c.k > 0]
         return min(spec, key=lambda c: (c.ratio, c.k)) if spec else None
 
+    def rate_level(self, rate_per_s: float) -> DecisionRate | None:
+        """The measured Poisson level covering ``rate_per_s``: the lowest at or above it (the
+        costlier side), None beyond the highest."""
+        above = [r for r in self.rates if not r.trace and r.rate_per_s >= rate_per_s]
+        return min(above, key=lambda r: r.rate_per_s) if above else None
+
     def gate(self) -> ConcurrencyGate | None:
         """``max_draft_len`` + ``max_concurrency`` when the choices are one k then off."""
         return gate_from_choices(self.schedule)
@@ -160,6 +196,8 @@ class Decision(BaseModel):
             "cells": [c.model_dump() for c in self.cells],
             "predicted": self.predicted,
             "prediction": self.prediction,
+            "rates": [r.model_dump() for r in self.rates],
+            "rates_objective": self.rates_objective,
         }
 
 

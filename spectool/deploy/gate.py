@@ -21,6 +21,8 @@ Pure: no I/O. Decisions are :class:`spectool.deploy.decision.Decision` objects.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -79,9 +81,16 @@ def decide_speculation(
     *,
     expected_concurrency: int | None = None,
     runtime_gate: RuntimeGate | None = None,
+    expected_rate: float | None = None,
 ) -> GateDecision:
     """Apply the cost gate (see the module docstring). Raises :class:`BadInputError` for an
-    unknown ``mode`` or a non-positive ``expected_concurrency``."""
+    unknown ``mode``, a non-positive ``expected_concurrency`` or ``expected_rate``, both
+    given, or a rate with a decision that measured none."""
+    if expected_rate is not None:
+        if not expected_rate > 0:
+            raise BadInputError("--expected-rate", f"must be > 0 req/s, got {expected_rate}")
+        if expected_concurrency is not None:
+            raise BadInputError("--expected-rate", "give it or --expected-concurrency, not both")
     if mode not in SPECULATION_MODES:
         raise BadInputError(
             "--speculation", f"expected one of {', '.join(SPECULATION_MODES)}, got {mode!r}"
@@ -92,7 +101,16 @@ def decide_speculation(
         )
     if mode == "off":
         return GateDecision(False, "speculation forced off (--speculation off)")
-    verdict = _labelled(decision, _auto(decision, expected_concurrency, runtime_gate))
+    if expected_rate is not None and decision is not None:
+        gate = _at_rate(decision, expected_rate)
+        if isinstance(gate, GateDecision):
+            verdict = gate
+        else:  # beyond the measured rates: the concurrency Little's law maps it to
+            verdict = _auto(decision, gate[0], runtime_gate)
+            verdict = dataclasses.replace(verdict, reason=f"{gate[1]}: {verdict.reason}")
+        verdict = _labelled(decision, verdict)
+    else:
+        verdict = _labelled(decision, _auto(decision, expected_concurrency, runtime_gate))
     if mode == "on":
         if verdict.speculate:
             return GateDecision(True, "speculation forced on (--speculation on)")
@@ -103,6 +121,39 @@ def decide_speculation(
             predicted=verdict.predicted,
         )
     return verdict
+
+
+def _at_rate(decision: Decision, rate: float) -> GateDecision | tuple[int, str]:
+    """The gate at an arrival rate: the measured rate level covering it decides (the users'
+    objective, deployed against baseline); beyond the highest measured rate, the concurrency
+    the server saw there, scaled by the rate (Little's law, a lower bound: latency grows with
+    load), goes to the concurrency gate."""
+    if not decision.rates:
+        raise BadInputError(
+            "--expected-rate",
+            "the build's decision measured no arrival rate: rerun spectool tune with "
+            "--request-rate, or pass --expected-concurrency",
+        )
+    objective = decision.rates_objective or "the objective"
+    level = decision.rate_level(rate)
+    if level is not None:
+        text = f"at {rate:.3g} req/s ({level.describe(objective)})"
+        if level.verdict == "pays" or (
+            level.verdict == "inconclusive" and level.objective_ratio < 1.0
+        ):
+            proven = "" if level.verdict == "pays" else ", not proven"
+            return GateDecision(True, f"speculation pays{proven} {text}")
+        return GateDecision(False, f"speculation does not pay {text}; serving the baseline")
+    top = max((r for r in decision.rates if not r.trace), key=lambda r: r.rate_per_s, default=None)
+    if top is None:
+        raise BadInputError(
+            "--expected-rate", "the decision holds only a trace replay, no --request-rate level"
+        )
+    concurrency = max(1, math.ceil(top.in_flight_base * rate / top.rate_per_s))
+    return concurrency, (
+        f"{rate:.3g} req/s is above the highest measured rate ({top.rate_per_s:.3g} req/s, "
+        f"{top.in_flight_base:.1f} in flight): taken as concurrency {concurrency} or more"
+    )
 
 
 def _auto(

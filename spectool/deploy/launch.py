@@ -190,6 +190,7 @@ def prepare_serve(
     engine: str | None = None,
     speculation: str = "auto",
     expected_concurrency: int | None = None,
+    expected_rate: float | None = None,
     host: str = DEFAULT_HOST,
     port: int = DEFAULT_PORT,
     extra: Sequence[str] = (),
@@ -247,6 +248,7 @@ def prepare_serve(
         _decision_of(manifest),
         expected_concurrency=expected_concurrency,
         runtime_gate=runtime_gate,
+        expected_rate=expected_rate,
     )
     spec_name, base_name = manifest.config_files
     name = spec_name if gate.speculate else base_name

@@ -132,6 +132,8 @@ class DecisionRecord(_Record):
     cells: tuple[dict[str, Any], ...]
     predicted: bool = False  # tune --predict-only: "predicted, not measured"
     prediction: dict[str, Any] | None = None
+    rates: tuple[dict[str, Any], ...] = ()  # tune --request-rate (DecisionRate)
+    rates_objective: str | None = None
 
 
 class CommandsRecord(_Record):

@@ -61,16 +61,29 @@ from spectool.trtllm.iter_stats import IterationStats, parse_iteration_stats
 METRICS_PATH = "/metrics"  # TensorRT-LLM's (and spectool's) iteration stats
 
 
-def poisson_arrival_offsets_s(rate_per_s: float, num_requests: int, seed: int) -> np.ndarray:
-    """Send offsets (s) of ``num_requests`` Poisson arrivals: 0, then exponential gaps.
+def poisson_arrival_offsets_s(
+    rate_per_s: float, num_requests: int, seed: int, burstiness: float = 1.0
+) -> np.ndarray:
+    """Send offsets (s) of ``num_requests`` arrivals at mean rate ``rate_per_s``: 0, then gaps.
 
-    The gaps are ``numpy.random.default_rng(seed).exponential(1 / rate_per_s, num_requests - 1)``.
+    Poisson (``burstiness`` 1): the gaps are
+    ``numpy.random.default_rng(seed).exponential(1 / rate_per_s, num_requests - 1)``. Otherwise
+    gamma gaps of shape ``burstiness`` and the same mean, as vLLM's ``--burstiness``
+    (``benchmarks/benchmark_serving.py``: ``np.random.gamma(shape=burstiness, scale=theta)``,
+    ``theta = 1 / (request_rate * burstiness)``): below 1 the arrivals come in bursts, above 1
+    more evenly; the coefficient of variation of a gap is ``1 / sqrt(burstiness)``.
     """
-    if not rate_per_s > 0 or num_requests < 0:
-        raise BadInputError("arrival rate", "need rate_per_s > 0 and num_requests >= 0")
+    if not rate_per_s > 0 or num_requests < 0 or not burstiness > 0:
+        raise BadInputError(
+            "arrival rate", "need rate_per_s > 0, burstiness > 0 and num_requests >= 0"
+        )
     if num_requests == 0:
         return np.zeros(0)
-    gaps = np.random.default_rng(seed).exponential(1.0 / rate_per_s, size=num_requests - 1)
+    rng = np.random.default_rng(seed)
+    if burstiness == 1.0:
+        gaps = rng.exponential(1.0 / rate_per_s, size=num_requests - 1)
+    else:
+        gaps = rng.gamma(burstiness, 1.0 / (rate_per_s * burstiness), size=num_requests - 1)
     return np.concatenate([[0.0], np.cumsum(gaps)])
 
 
@@ -268,7 +281,13 @@ async def run_trial(
             await _closed_loop(config.concurrency, config.num_prompts, deadline_s, send)
         else:
             assert config.rate_per_s is not None  # TrialConfig guarantees one mode
-            offsets = poisson_arrival_offsets_s(config.rate_per_s, config.num_prompts, config.seed)
+            offsets = (
+                np.array(config.arrivals_s, dtype=float)
+                if config.arrivals_s
+                else poisson_arrival_offsets_s(
+                    config.rate_per_s, config.num_prompts, config.seed, config.burstiness
+                )
+            )
             await _open_loop(offsets, t0, deadline_s, send)
         wall_time_s = time.perf_counter() - t0
     finally:

@@ -185,16 +185,22 @@ def summarize_iterations(stats: Sequence[IterationStats]) -> ServerStatsSummary:
     return _summary(list(stats), nested=True)
 
 
-def to_cell(result: TrialResult, k: int, *, include_mixed: bool = False) -> CellMeasurement:
-    """A closed-loop trial as the decision math's cell at draft length ``k`` (0 = baseline).
+def to_cell(
+    result: TrialResult, k: int, *, include_mixed: bool = False, level: int | None = None
+) -> CellMeasurement:
+    """A trial as the decision math's cell at draft length ``k`` (0 = baseline).
 
     Only successful requests go in; per-position counts come from the ``spectoolStats``
-    extension when present.
+    extension when present. A closed-loop trial's cell is keyed by its concurrency; an
+    open-loop (rate) trial has none, so the caller names the load level it stands for
+    (``level``: :mod:`spectool.tuning.rates` passes the server's batch limit).
     """
-    if result.config.concurrency is None:
+    if result.config.concurrency is None and level is None:
         raise BadInputError(
             f"trial {result.config.label!r}", "an open-loop (rate) trial is not a cell"
         )
+    concurrency = result.config.concurrency if result.config.concurrency is not None else level
+    assert concurrency is not None
     summary = summarize_iterations(result.iteration_stats)
     positions = summary.position_counts() if k > 0 else None
     if positions is not None and positions.max_draft_len > k:
@@ -206,7 +212,7 @@ def to_cell(result: TrialResult, k: int, *, include_mixed: bool = False) -> Cell
             )
         positions = PositionCounts(positions.accepted_per_pos[:k], positions.reached_per_pos[:k])
     return CellMeasurement(
-        concurrency=result.config.concurrency,
+        concurrency=concurrency,
         k=k,
         records=tuple(r for r in result.records if r.ok),
         iterations=iteration_samples(result.iteration_stats, include_mixed=include_mixed),

@@ -49,6 +49,11 @@ class TrialConfig:
     request: RequestOptions = dataclasses.field(default_factory=RequestOptions)
     prompt_offset: int = 0
     prompt_indices: tuple[int, ...] = ()
+    # open loop: the gaps' gamma shape (1: Poisson; below 1 burstier, above 1 steadier), as
+    # vLLM's ``--burstiness``; ``arrivals_s`` (when given): the send offsets themselves, a
+    # trace's own timestamps (``rate_per_s`` is then the trace's mean rate, for the record)
+    burstiness: float = 1.0
+    arrivals_s: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         where = f"trial {self.label!r}"
@@ -72,6 +77,17 @@ class TrialConfig:
             raise BadInputError(where, "prompt_indices must be whole numbers >= 0")
         if self.prompt_indices and self.prompt_offset:
             raise BadInputError(where, "give prompt_offset or prompt_indices, not both")
+        if not self.burstiness > 0 or (self.burstiness != 1.0 and self.concurrency is not None):
+            raise BadInputError(where, "burstiness must be > 0, and only with rate_per_s")
+        if self.arrivals_s and (
+            self.concurrency is not None
+            or len(self.arrivals_s) != self.num_prompts
+            or any(b < a for a, b in zip(self.arrivals_s, self.arrivals_s[1:], strict=False))
+            or self.arrivals_s[0] < 0
+        ):
+            raise BadInputError(
+                where, "arrivals_s needs rate_per_s and num_prompts offsets, >= 0, in order"
+            )
 
     @property
     def mode(self) -> Literal["closed", "open"]:
@@ -88,6 +104,12 @@ class TrialConfig:
             data["prompt_indices"] = list(self.prompt_indices)
         else:
             del data["prompt_indices"]
+        if self.burstiness == 1.0:  # trials saved before these fields keep their keys
+            del data["burstiness"]
+        if self.arrivals_s:
+            data["arrivals_s"] = list(self.arrivals_s)
+        else:
+            del data["arrivals_s"]
         return data
 
     @classmethod
@@ -98,8 +120,9 @@ class TrialConfig:
         fields = dict(data)
         try:
             fields["request"] = RequestOptions(**fields.get("request", {}))
-            if isinstance(fields.get("prompt_indices"), list):
-                fields["prompt_indices"] = tuple(fields["prompt_indices"])
+            for name in ("prompt_indices", "arrivals_s"):
+                if isinstance(fields.get(name), list):
+                    fields[name] = tuple(fields[name])
             return cls(**fields)
         except TypeError as e:
             raise BadInputError(where, str(e)) from e

@@ -106,7 +106,7 @@ def measure_paired(
         for arm in arms:
             trial = block(i, arm)
             spent += trial.wall_time_s
-            got[arm] = pooled_cell([trial], arm)
+            got[arm] = pooled_cell([trial], arm, level=concurrency)
             sent.update(prompts_sent(trial))
         pairs.append(BlockPair(got[k], got[0], spec_first=spec_first))
         if len(pairs) % every:

@@ -29,6 +29,7 @@ from spectool.errors import BadInputError, IncompatibleError
 from spectool.tuning.pairing import DEFAULT_BUDGET_S
 
 if TYPE_CHECKING:
+    from spectool.decide.slo import SloTerm
     from spectool.deploy.build import BuildRequest
 
 ENGINES = ("auto", "torch", "trtllm")
@@ -85,6 +86,14 @@ class TuneRequest(PairOptions):
     temperature: float = 0.0  # sampling temperature of every request (0: greedy)
     top_p: float = 1.0  # nucleus sampling of every request without its own (1: off)
     time_scale: float | None = None  # multiplies a trace workload's timestamps (None: not given)
+    # after the choice: the deployment against the baseline at these arrival rates (req/s),
+    # gamma gaps of shape ``burstiness`` (1: Poisson); spectool.tuning.rates
+    request_rates: tuple[float, ...] = ()
+    burstiness: float = 1.0
+    # after the choice: the highest rate each arm sustains within ``slo`` (spectool.tuning.
+    # capacity; terms from spectool.decide.slo.parse_slo)
+    capacity: bool = False
+    slo: tuple[SloTerm, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -207,6 +216,17 @@ def _check_numbers(req: TuneRequest) -> None:
             raise BadInputError(
                 "--time-scale", "scales a trace's timestamps; pass the trace as --workload"
             )
+    if not req.burstiness > 0:
+        raise BadInputError("--burstiness", f"must be > 0, got {req.burstiness}")
+    if req.burstiness != 1.0 and not (req.request_rates or req.capacity):
+        raise BadInputError(
+            "--burstiness", "shapes the arrivals of --request-rate or --capacity; give one"
+        )
+    if req.capacity != bool(req.slo):
+        raise BadInputError(
+            "--slo" if req.slo else "--capacity",
+            "--capacity finds the highest rate within --slo: give both",
+        )
     if req.objective not in OBJECTIVES:
         raise BadInputError(
             "--objective", f"{req.objective!r} is not one of {', '.join(OBJECTIVES)}"

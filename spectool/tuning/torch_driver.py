@@ -66,8 +66,12 @@ class TorchDriver:
         ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S,
         max_draft_len: int | None = None,
         alternatives: dict[str, Path | None] | None = None,
+        draft_len_schedule: dict[int, int] | None = None,
     ) -> None:
         self.target = target
+        # the deployment's schedule (batch size -> k, upper bounds): the switching server loads
+        # it, and serve_deployed() decodes as it says, batch by batch (tune's rate levels)
+        self.draft_len_schedule = dict(draft_len_schedule) if draft_len_schedule else None
         # other methods the switching server holds beside ``method`` ({method: drafter or
         # None}): serve(k, method=...) switches between them in place (tune compares methods)
         self.alternatives = dict(alternatives or {})
@@ -101,6 +105,8 @@ class TorchDriver:
         }
         if k == 0:
             return {"method": "none", "max_draft_len": 0, **common}
+        if self.draft_len_schedule:
+            common["draft_len_schedule"] = {str(b): v for b, v in self.draft_len_schedule.items()}
         return {"method": self.method, "max_draft_len": k, **common}
 
     # -- the worker -------------------------------------------------------------------------
@@ -215,12 +221,25 @@ class TorchDriver:
         self._arm = arm
         return self._current
 
+    def serve_deployed(self) -> ServerInfo:
+        """The switching server decoding as deployed: its ``draft_len_schedule`` applied at
+        every step's batch size (``POST /spectool/draft_len {"k": null}``), not one fixed k."""
+        if not self.draft_len_schedule or self.max_draft_len is None:
+            raise ValueError("serving as deployed needs a switching server with a schedule")
+        if self._arm == (self.method, -1) and self._url is not None:
+            return ServerInfo(self._url, self.model_name, self.max_draft_len, 0.0, METRICS_PATH)
+        self.serve(self.max_draft_len)
+        assert self._url is not None
+        self._switch(self._url, None)
+        self._arm = (self.method, -1)
+        return ServerInfo(self._url, self.model_name, self.max_draft_len, 0.0, METRICS_PATH)
+
     def for_method(self, method: str) -> MethodServer:
         """This driver's switching server seen as one method's driver (what a method's
         ``tune`` session drives when methods share one server)."""
         return MethodServer(self, method)
 
-    def _switch(self, url: str, k: int, method: str | None = None) -> None:
+    def _switch(self, url: str, k: int | None, method: str | None = None) -> None:
         """Set the running server's draft length; waits out requests still finishing."""
         import time
 
@@ -232,7 +251,7 @@ class TorchDriver:
         while True:
             try:
                 body: dict[str, Any] = {"k": k}
-                if self.alternatives and k > 0 and method is not None:
+                if self.alternatives and k and method is not None:
                     body["method"] = method
                 response = httpx.post(
                     url + "/spectool/draft_len", json=body, timeout=30.0, verify=tls_context()

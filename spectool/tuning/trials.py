@@ -162,13 +162,17 @@ class CellPlan:
         ]
 
 
-def pooled_cell(results: Sequence[TrialResult], k: int) -> CellMeasurement:
-    """The cell measured by ``results`` (the repeats of one concurrency at draft length ``k``)."""
+def pooled_cell(
+    results: Sequence[TrialResult], k: int, level: int | None = None
+) -> CellMeasurement:
+    """The cell measured by ``results`` (the repeats of one concurrency at draft length ``k``;
+    open-loop trials need the ``level`` they stand for, :func:`~spectool.measure.server_stats.
+    to_cell`)."""
     from spectool.measure.server_stats import to_cell
 
     if not results:
         raise BadInputError("tune", f"no trials to pool for k={k}")
-    cells = [to_cell(r, k) for r in results]
+    cells = [to_cell(r, k, level=level) for r in results]
     if any(c.concurrency != cells[0].concurrency for c in cells):
         raise BadInputError("tune", "trials of one cell ran at different concurrencies")
     return pooled(cells)

@@ -111,3 +111,55 @@ def test_forced_modes() -> None:
         decide_speculation("maybe", None)
     with pytest.raises(BadInputError, match="--expected-concurrency"):
         decide_speculation("auto", None, expected_concurrency=0)
+
+
+def _rate(rate: float, ratio: float, low: float, high: float, verdict: str, flight: float):
+    return {
+        "rate_per_s": rate,
+        "objective_ratio": ratio,
+        "ci_low": low,
+        "ci_high": high,
+        "verdict": verdict,
+        "in_flight_base": flight,
+        "in_flight_spec": flight * ratio,
+    }
+
+
+def _with_rates():
+    """Measured by tune --request-rate: pays at 2 req/s, not proven at 4, slower at 8."""
+    data = decision_json(SCHEDULE)
+    data["rates"] = [
+        _rate(2.0, 0.6, 0.5, 0.7, "pays", 1.5),
+        _rate(4.0, 0.95, 0.85, 1.05, "inconclusive", 4.0),
+        _rate(8.0, 1.2, 1.1, 1.3, "does_not_pay", 12.0),
+        {**_rate(3.0, 0.9, 0.8, 1.0, "inconclusive", 3.0), "trace": True},
+    ]
+    data["rates_objective"] = "tpot"
+    return parse_decision(data, "decision.json")
+
+
+def test_the_measured_rate_level_at_or_above_the_expected_rate_decides() -> None:
+    d = _with_rates()
+    pays = decide_speculation("auto", d, expected_rate=1.0)
+    assert pays.speculate and "2 req/s" in pays.reason and "tpot 0.600" in pays.reason
+    unproven = decide_speculation("auto", d, expected_rate=3.5)
+    assert unproven.speculate and "not proven" in unproven.reason
+    slower = decide_speculation("auto", d, expected_rate=6.0)
+    assert not slower.speculate and "does not pay" in slower.reason and "8 req/s" in slower.reason
+    # the concurrency cells alone would have speculated there (k=4 up to concurrency 4)
+    assert decide_speculation("auto", d, expected_concurrency=4).speculate
+
+
+def test_a_rate_above_every_level_maps_to_a_concurrency_by_littles_law() -> None:
+    gate = decide_speculation("auto", _with_rates(), expected_rate=16.0)
+    # 12 in flight at 8 req/s: at 16 req/s at least 24, beyond every measured concurrency
+    assert "concurrency 24" in gate.reason and not gate.speculate
+
+
+def test_a_rate_without_measured_levels_is_refused() -> None:
+    with pytest.raises(BadInputError, match="--request-rate"):
+        decide_speculation("auto", _decision(), expected_rate=2.0)
+    with pytest.raises(BadInputError, match="not both"):
+        decide_speculation("auto", _with_rates(), expected_rate=2.0, expected_concurrency=2)
+    with pytest.raises(BadInputError, match="> 0"):
+        decide_speculation("auto", _with_rates(), expected_rate=0.0)

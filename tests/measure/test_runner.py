@@ -196,3 +196,40 @@ def test_measure_is_the_blocking_entry_point(
         server_url, MODEL_NAME, prompts, [config], results_path=path, progress=recorder
     )
     assert again == result and recorder.calls == []  # loaded from the file, nothing sent
+
+
+def test_gamma_gaps_keep_the_rate_and_set_the_spread() -> None:
+    """vLLM's --burstiness: gamma gaps of shape b and mean 1/rate (CV 1/sqrt(b)); b=1 is the
+    Poisson draw itself."""
+    poisson = poisson_arrival_offsets_s(4.0, 4001, seed=3)
+    np.testing.assert_array_equal(poisson, poisson_arrival_offsets_s(4.0, 4001, 3, burstiness=1.0))
+    for b in (0.25, 4.0):
+        gaps = np.diff(poisson_arrival_offsets_s(4.0, 4001, seed=3, burstiness=b))
+        assert abs(gaps.mean() - 0.25) < 0.03
+        assert abs(gaps.std() / gaps.mean() - 1 / np.sqrt(b)) < 0.15
+    with pytest.raises(BadInputError):
+        poisson_arrival_offsets_s(4.0, 10, seed=0, burstiness=0.0)
+
+
+def test_open_loop_replays_given_send_times(server_url: str, prompts: list[Prompt]) -> None:
+    times = tuple(0.05 * i * i for i in range(len(prompts)))  # a trace's own, uneven pace
+    config = trial_config(prompts, "trace", rate_per_s=1.0, arrivals_s=times)
+    result = run_with_client(server_url, run_trial, prompts, config)
+    assert result.arrival_offsets_s == times
+    sends = np.array([r.send_time_s for r in result.records])
+    assert np.all(sends >= np.array(times) - 1e-3) and np.all(sends <= np.array(times) + 0.5)
+    assert TrialConfig.from_dict(config.to_dict()) == config
+
+
+def test_arrival_fields_are_checked_and_absent_by_default() -> None:
+    base = TrialConfig("x", rate_per_s=1.0, num_prompts=2)
+    assert "burstiness" not in base.to_dict() and "arrivals_s" not in base.to_dict()
+    for bad in (
+        {"concurrency": 1, "burstiness": 2.0},
+        {"rate_per_s": 1.0, "burstiness": 0.0},
+        {"rate_per_s": 1.0, "arrivals_s": (0.0,)},  # one time for two requests
+        {"rate_per_s": 1.0, "arrivals_s": (1.0, 0.5)},  # out of order
+        {"concurrency": 1, "arrivals_s": (0.0, 1.0)},
+    ):
+        with pytest.raises(BadInputError):
+            TrialConfig("x", num_prompts=2, **bad)
