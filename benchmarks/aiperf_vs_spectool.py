@@ -11,6 +11,14 @@ from the server's usage. At concurrency 1 no request overlaps another, so the tw
 same server work request by request; with open-loop arrivals on both sides the overlap of
 requests (and so TPOT) would depend on each tool's random arrival draw.
 
+``--open-loop``: spectool's side sends at ``--rate`` too (Poisson, as a tune rate level does)
+instead of a closed loop, so both tools pace the same way (their random draws differ).
+``--trace FILE``: both tools read the same mooncake/AIPerf trace (AIPerf's ``mooncake_trace``
+dataset with ``--fixed-schedule``; spectool's ``--workload`` reader, replayed at the trace's
+timestamps as tune's trace level does) against the demo target served without speculation
+(each tool synthesises its own text for the trace's lengths, and without speculation the work
+per request depends on the lengths alone).
+
 Prints TTFT (mean, p50) and TPOT (AIPerf's ITL = (E2E - TTFT) / (OSL - 1), the same formula as
 spectool's TPOT) per tool and round, their ratios, and the acceptance length AIPerf read from
 the server's per-request ``metrics.speculative_decoding``. Exit 0 when the tools agree within
@@ -61,13 +69,23 @@ def wait_healthy(url: str, timeout_s: float = 300.0) -> None:
 def run_aiperf(
     aiperf: str, url: str, model: str, tokenizer: Path, prompts: Path, args, out: Path
 ) -> dict:  # noqa: ANN001
+    if args.trace is not None:
+        dataset = [
+            "--input-file", str(args.trace), "--custom-dataset-type", "mooncake_trace",
+            "--fixed-schedule",
+        ]  # fmt: skip
+    else:
+        dataset = [
+            "--input-file", str(prompts), "--custom-dataset-type", "single_turn",
+            "--request-rate", str(args.rate), "--concurrency", str(args.concurrency),
+            "--request-count", str(args.requests),
+        ]  # fmt: skip
     cmd = [
         aiperf, "profile", "-m", model, "--url", url, "--endpoint-type", "completions",
-        "--streaming", "--input-file", str(prompts), "--custom-dataset-type", "single_turn",
-        "--request-rate", str(args.rate), "--concurrency", str(args.concurrency),
-        "--request-count", str(args.requests),
+        "--streaming", *dataset,
         "--tokenizer", str(tokenizer), "--extra-inputs", "ignore_eos:true",
-        "--extra-inputs", f"min_tokens:{args.max_tokens}", "--extra-inputs", "temperature:0",
+        *([] if args.trace else ["--extra-inputs", f"min_tokens:{args.max_tokens}"]),
+        "--extra-inputs", "temperature:0",
         "--output-artifact-dir", str(out), "--use-server-token-count", "--random-seed", "0",
     ]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
@@ -87,13 +105,23 @@ def run_spectool(url: str, model: str, prompts, args, out: Path, seed: int) -> d
     from spectool.measure.client import RequestOptions
     from spectool.measure.runner import TrialConfig, measure
 
+    if args.trace is not None:  # the trace's own send times, as tune's trace level
+        times = [p.arrival_s for p in prompts]
+        pace = {
+            "rate_per_s": (len(times) - 1) / (times[-1] - times[0]),
+            "arrivals_s": tuple(t - times[0] for t in times),
+        }
+    elif args.open_loop:
+        pace = {"rate_per_s": args.rate}
+    else:
+        pace = {"concurrency": args.concurrency}
     config = TrialConfig(
         label=f"spectool client #{seed}",
-        concurrency=args.concurrency,
-        num_prompts=args.requests,
+        num_prompts=len(prompts) if args.trace is not None else args.requests,
         max_tokens=args.max_tokens,
         seed=seed,
         request=RequestOptions(),
+        **pace,
     )
     (trial,) = measure(
         url, model, prompts, [config], results_path=out / "trials.jsonl", poll_metrics=False
@@ -118,6 +146,8 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("out/aiperf"))
+    parser.add_argument("--open-loop", action="store_true", help="spectool paced at --rate too")
+    parser.add_argument("--trace", type=Path, help="a mooncake trace both tools replay")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -130,6 +160,10 @@ def main() -> int:
         None, args.requests, count_tokens=tokenizer_counter(target), max_prompt_tokens=900, seed=0
     )
     prompts = list(built.prompts)  # each request asks for --max-tokens (the trial's length)
+    if args.trace is not None:
+        from spectool.measure.workload_files import read_workload
+
+        prompts = list(read_workload(args.trace, count_tokens=tokenizer_counter(target)).prompts)
     prompt_file = args.out / "prompts.jsonl"
     prompt_file.write_text(
         "".join(
@@ -146,6 +180,7 @@ def main() -> int:
             "serve",
             "--engine",
             "torch",
+            *(["--method", "none"] if args.trace is not None else []),
             "--port",
             str(port),
         ],

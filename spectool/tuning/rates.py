@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 
 RATES_DIR = "rates"
 RATES_NAME = "rates.json"
+PLOT_NAME = "rates.png"
 BLOCK_SECONDS = 4.0  # a Poisson block spans about this much arrival time ...
 MIN_BLOCK_REQUESTS = 16  # ... and at least this many requests
 TRACE_BLOCK_REQUESTS = 16  # a trace's block: this many consecutive requests
@@ -284,6 +285,9 @@ def write_rates(
         ),
     }
     written = [atomic_write_text(out / RATES_NAME, json.dumps(body, indent=2) + "\n")]
+    plot = plot_rates(cells, out / PLOT_NAME)
+    if plot is not None:
+        written.append(plot)
     decision = out / "decision.json"
     if decision.is_file():
         data = json.loads(decision.read_text(encoding="utf-8"))
@@ -311,9 +315,10 @@ def write_rates(
         text = report.read_text(encoding="utf-8")
         cut = text.find(SECTION)
         text = (text if cut < 0 else text[:cut]).rstrip("\n") + "\n\n"
-        written.append(
-            atomic_write_text(report, text + "\n".join(report_lines(cells, objective)) + "\n")
-        )
+        lines = report_lines(cells, objective)
+        if plot is not None:
+            lines += ["", f"![latency against the arrival rate]({PLOT_NAME})"]
+        written.append(atomic_write_text(report, text + "\n".join(lines) + "\n"))
     return written
 
 
@@ -420,3 +425,30 @@ def run_rates(
     written = write_rates(out, cells, objective=req.objective, schedule=schedule)
     written += rebuild(resolved, out)  # the build in DIR records the decision, now with rates
     return cells, list(dict.fromkeys(written))
+
+
+def plot_rates(cells: Sequence[RateCell], path: Path) -> Path | None:
+    """TPOT p50/p99 and E2E p99 against the arrival rate, both arms (the Poisson levels; None
+    without matplotlib or with fewer than one level)."""
+    from spectool.tuning.plots import _pyplot, _save
+
+    levels = sorted((c for c in cells if not c.level.trace), key=lambda c: c.level.rate_per_s)
+    if not levels:
+        return None
+    try:
+        plt = _pyplot()
+    except ImportError:  # matplotlib is the optional extra spectool[plots]
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    xs = [c.level.rate_per_s for c in levels]
+    for arm, style in (("spec", "o-"), ("base", "s--")):
+        name = "deployed" if arm == "spec" else "baseline"
+        for key, alpha in (("tpot_p50_ms", 1.0), ("tpot_p99_ms", 0.5)):
+            ys = [getattr(c, arm)[key] for c in levels]
+            axes[0].plot(xs, ys, style, alpha=alpha, label=f"{name} {key[5:8]}")
+        axes[1].plot(xs, [getattr(c, arm)["e2e_p99_ms"] for c in levels], style, label=name)
+    for ax, label in zip(axes, ("TPOT (ms)", "E2E p99 (ms)"), strict=True):
+        ax.set_xlabel("arrival rate (req/s)")
+        ax.set_ylabel(label)
+        ax.legend(fontsize="small")
+    return _save(fig, path)

@@ -218,7 +218,7 @@ def test_a_rate_level_and_capacity_end_to_end_resumed_and_served(
         )
         or not decision.speculates_anywhere
     )
-    assert "rates.json" in {p.name for p in out.iterdir()}
+    assert {"rates.json", "rates.png", "capacity.png"} <= {p.name for p in out.iterdir()}
     report = (out / "report.md").read_text()
     assert "## At your arrival rates" in report and "## Capacity at the SLO" in report
     assert json.loads((out / "decision.json").read_text())["capacity"]["slo"] == found["slo"]
