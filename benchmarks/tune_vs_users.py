@@ -3,7 +3,9 @@
 Reads a finished tune folder DIR (a build: ``decision.json`` + the engine configs), starts two
 servers from it with ``spectool serve``: the deployment as built (``--speculation on``: the
 chosen schedule, applied batch by batch) and its baseline (``--speculation off``), both on
-127.0.0.1. Then, for each traffic shape, runs rounds of A B / B A (``--rounds``) with spectool's
+127.0.0.1. Then, for each traffic shape, runs short blocks in rounds of A B / B A (``--rounds``,
+each block two waves of the concurrency or ``--requests``, so that both arms of a round see the
+same state of a shared machine) with spectool's
 streaming client (:func:`spectool.measure.runner.measure`, whose TPOT agrees with AIPerf's,
 ``benchmarks/aiperf_vs_spectool.py``), both arms the same prompts in the same order, after one
 unrecorded trial per arm and shape (a server's first batches of a new size pay one-off costs):
@@ -77,7 +79,7 @@ def shape_config(shape: str, requests: int, max_tokens: int, seed: int):  # noqa
         config = TrialConfig(
             shape,
             concurrency=c,
-            num_prompts=max(requests, 4 * c),
+            num_prompts=max(requests, 2 * c),
             max_tokens=max_tokens,
             warmup_requests=c,
         )
@@ -136,8 +138,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("build", type=Path, help="a finished tune folder (its build)")
     parser.add_argument("--shapes", default="c1,c16,c1var,c16var,c4var,r6")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--requests", type=int, default=8, help="per block, at least 2 x c")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--out", type=Path, default=Path("out/tune_vs_users"))
     args = parser.parse_args()
@@ -173,6 +175,8 @@ def main() -> int:
                 measure(url, model, varied if vary else fixed, [config], poll_metrics=False)
             for r in range(args.rounds):
                 config, vary = shape_config(shape, args.requests, args.max_tokens, seed=r)
+                # the rounds walk through the prompts; both arms of a round send the same ones
+                config = replace(config, prompt_offset=(r * config.num_prompts) % len(fixed))
                 prompts = varied if vary else fixed
                 got = {}
                 order = ("spec", "base") if r % 2 == 0 else ("base", "spec")

@@ -30,7 +30,7 @@ GEOMETRY_SOURCES = {  # profile -> how scripts/profile_geometry.py computes its 
     "deepseek-r1-mtp": ("published", "deepseek-r1"),
     "deepseek-v3-mtp": ("published", "deepseek-r1"),
     "qwen3-8b-ngram": ("published", "qwen3-8b"),
-    "demo": ("checkpoint", "spectool:demo-target", "spectool:demo-drafter"),
+    "demo": ("checkpoint", "spectool:demo-target-mtp", "spectool:demo-drafter"),
 }
 
 

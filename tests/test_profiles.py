@@ -188,7 +188,8 @@ def test_shipped_recipes_load_and_cover_the_documented_pairs() -> None:
 
 def test_demo_profile_is_spectools_embedded_pair() -> None:
     demo = load_profile("demo")
-    assert (demo.target, demo.drafter) == ("spectool:demo-target", "spectool:demo-drafter")
+    assert (demo.target, demo.drafter) == ("spectool:demo-target-mtp", "spectool:demo-drafter")
+    assert [a.method for a in demo.alternatives] == ["eagle3", "mtp", "ngram"]
     assert (demo.method, demo.max_draft_len) == ("draft_model", 4)
 
 

@@ -81,6 +81,15 @@ ExpectedConcurrencyOpt = Annotated[
         rich_help_panel=LOAD,
     ),
 ]
+ServeThreadsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--threads",
+        help="torch engine: intra-op threads (tune measures with every core but one).",
+        show_default="all cores but one",
+        rich_help_panel=ADVANCED,
+    ),
+]
 ExpectedRateOpt = Annotated[
     float | None,
     typer.Option(
@@ -233,6 +242,7 @@ def serve(
     max_concurrency: MaxConcurrencyOpt = None,
     draft_len_schedule: DraftLenScheduleOpt = None,
     engine_config: EngineConfigOpt = None,
+    threads: ServeThreadsOpt = None,
 ) -> None:
     """Serve an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /metrics).
 
@@ -260,7 +270,9 @@ def serve(
             port=port,
             ready_timeout_s=ready_timeout,
             passthrough=passthrough,
-            torch_flags=_forwarded_torch_flags(ctx, device, dtype, served_model_name, log_level),
+            torch_flags=_forwarded_torch_flags(
+                ctx, device, dtype, served_model_name, log_level, threads
+            ),
         )
         raise typer.Exit(code)
     if engine == "trtllm":
@@ -304,6 +316,7 @@ def serve(
         max_concurrency=max_concurrency,
         draft_len_schedule=draft_len_schedule,
         engine_config=config_fields,
+        threads=threads,
     )
     serve_torch(request)
 
@@ -338,7 +351,12 @@ def _refuse_build_time_options(ctx: typer.Context, drafter: str | None) -> None:
 
 
 def _forwarded_torch_flags(
-    ctx: typer.Context, device: str, dtype: str, served_model_name: str | None, log_level: str
+    ctx: typer.Context,
+    device: str,
+    dtype: str,
+    served_model_name: str | None,
+    log_level: str,
+    threads: int | None = None,
 ) -> list[str]:
     """The embedded-engine flags given on this command line, for the server child."""
     flags: list[str] = []
@@ -347,6 +365,7 @@ def _forwarded_torch_flags(
         ("dtype", dtype),
         ("served_model_name", served_model_name),
         ("log_level", log_level),
+        ("threads", threads),
     ):
         if _given(ctx, name):
             flags += [f"--{name.replace('_', '-')}", str(value)]

@@ -57,6 +57,7 @@ class TorchServeRequest:
     max_concurrency: int | None = None
     draft_len_schedule: dict[int, int] | None = None
     default_pair: bool = False  # no TARGET given: spectool's demo pair
+    threads: int | None = None  # torch intra-op threads (None: all cores but one, as tune)
 
 
 def _local_folder(ref: str, role: str, kind_expected: str | None = methods.CAUSAL_LM) -> Path:
@@ -116,12 +117,15 @@ def torch_serve_request(
     max_concurrency: int | None = None,
     draft_len_schedule: str | None = None,
     engine_config: dict[str, Any] | None = None,
+    threads: int | None = None,
 ) -> TorchServeRequest:
     """Check the options and resolve the models (no TARGET: the embedded demo pair).
 
     ``engine_config``: EngineConfig fields read from a build's file (``--engine-config``); it
     then supplies the method, draft length, schedule and limits instead of the flags.
     """
+    if threads is not None and threads < 1:
+        raise BadInputError("--threads", f"must be >= 1, got {threads}")
     if engine_config is not None:
         method = str(engine_config["method"])
     if drafter == methods.SELF_DRAFTER:  # the target's own MTP layers, as check and build take
@@ -188,6 +192,7 @@ def torch_serve_request(
         max_concurrency=max_concurrency,
         draft_len_schedule=schedule,
         default_pair=default_pair,
+        threads=threads,
     )
 
 
@@ -244,9 +249,21 @@ def parse_draft_len_schedule(text: str | None) -> dict[int, int] | None:
 
 
 def serve_torch(request: TorchServeRequest) -> None:
-    """Run the embedded-engine server for ``request`` in this process until stopped."""
+    """Run the embedded-engine server for ``request`` in this process until stopped.
+
+    torch runs ``request.threads`` intra-op threads, by default every core but one, as tune's
+    servers do (:func:`spectool.tuning.torch_driver.default_threads`): the deployment then runs
+    as it was measured, and a core is left to the HTTP loop. torch's own default (every core)
+    busy-waits its threads between operations; beside a client or another server on the same
+    cores it slowed a demo baseline's decode steps from 6 ms to over 100 ms.
+    """
+    import torch
+
     from spectool.engine.engine import EngineConfig
     from spectool.server.run import bind_socket, serve_checkpoint
+    from spectool.tuning.torch_driver import default_threads
+
+    torch.set_num_threads(request.threads or default_threads())
 
     config = EngineConfig(  # validated here: a bad option fails before the server starts
         method=request.method,

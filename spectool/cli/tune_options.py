@@ -136,7 +136,9 @@ ObjectiveOpt = Annotated[
         "--objective",
         help="What decides, paired per cell from the client's records of both arms: tpot "
         "(time per output token after the first, what each user feels), e2e (request latency), "
-        "ttft, throughput, or steps (the engine's decode steps, the cost inequality).",
+        "ttft, their tails tpot@p90, tpot@p99, e2e@p90, e2e@p99, ttft@p90, ttft@p99 (each "
+        "arm's blocks pooled), throughput, or steps (the engine's decode steps, the cost "
+        "inequality).",
         rich_help_panel=LOAD,
     ),
 ]

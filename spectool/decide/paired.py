@@ -53,6 +53,7 @@ from spectool.decide.cost import (
 )
 from spectool.decide.verdict import (
     OBJECTIVES,
+    QUANTILES,
     CellVerdict,
     Design,
     PairedEstimate,
@@ -190,6 +191,10 @@ def paired_estimate(
     looks = cell.looks or looks
     source = pair_source(cell.pairs, cell.objective)
     rng = np.random.default_rng([seed, c, k, 7])
+    if cell.objective in QUANTILES:
+        return quantile_estimate(
+            cell, source, QUANTILES[cell.objective], confidence=confidence, looks=looks, rng=rng
+        )
     logs, variances, tokens = zip(
         *(_log_ratio_and_var(p, source, rng) for p in cell.pairs), strict=True
     )
@@ -215,6 +220,70 @@ def paired_estimate(
         log_ratios=tuple(float(x) for x in d),
         spread=spread,
         within_se=within_se,
+        drift_base=_ms_per_token(lasts.base, source) / _ms_per_token(firsts.base, source),
+        drift_spec=_ms_per_token(lasts.spec, source) / _ms_per_token(firsts.spec, source),
+        confidence=confidence,
+        looks=looks,
+        prompts_covered=cell.prompts_covered,
+        workload_prompts=cell.workload_prompts,
+    )
+
+
+def request_values(cell: CellMeasurement, source: Source) -> np.ndarray:
+    """Per request of ``cell``: its TPOT (``requests``), E2E or TTFT, in ms (the units the
+    requests' means are taken over, :func:`~spectool.decide.cost.source_terms`)."""
+    num, den = source_terms(cell, source)
+    return num / den
+
+
+_QUANTILE_BOOT = 1000
+
+
+def quantile_estimate(
+    cell: PairedCell,
+    source: Source,
+    q: float,
+    *,
+    confidence: float,
+    looks: int,
+    rng: np.random.Generator,
+) -> PairedEstimate:
+    """The ratio of the ``q``-th percentiles of a per-request metric, each arm's blocks pooled.
+
+    Why pooled: a block holds a few requests (two waves of the concurrency), too few for a
+    tail of its own; all of an arm's blocks together hold the workload's. The interval is a
+    bootstrap over the *pairs* (both blocks of a resampled pair go together, so the drift the
+    pairing cancels stays cancelled), at the looks' Bonferroni-corrected confidence. Each
+    pair's own percentile ratio is kept as its ``d_i`` for the report.
+    """
+    spec = [request_values(p.spec, source) for p in cell.pairs]
+    base = [request_values(p.base, source) for p in cell.pairs]
+    if min(v.size for v in (*spec, *base)) < 1:
+        raise BadInputError(f"cell {cell.key}", f"a block holds no {source} to take a tail of")
+
+    def ratio_of(idx: Sequence[int]) -> float:
+        s = np.concatenate([spec[i] for i in idx])
+        b = np.concatenate([base[i] for i in idx])
+        return float(np.percentile(s, q) / np.percentile(b, q))
+
+    n = len(cell.pairs)
+    ratio = ratio_of(range(n))
+    boot = np.log([ratio_of(rng.integers(0, n, size=n)) for _ in range(_QUANTILE_BOOT)])
+    alpha = (1.0 - confidence) / looks
+    low, high = (math.exp(x) for x in np.quantile(boot, [alpha / 2.0, 1.0 - alpha / 2.0]))
+    low, high = min(low, ratio), max(high, ratio)
+    d = np.log([np.percentile(s, q) / np.percentile(b, q) for s, b in zip(spec, base, strict=True)])
+    firsts, lasts = cell.pairs[0], cell.pairs[-1]
+    return PairedEstimate(
+        ratio=ratio,
+        ci_low=low,
+        ci_high=high,
+        verdict=verdict_for(low, high),
+        design=cell.design,
+        source=source,
+        log_ratios=tuple(float(x) for x in d),
+        spread=float(d.std(ddof=1)) if n > 1 else 0.0,
+        within_se=float(boot.std(ddof=1)),
         drift_base=_ms_per_token(lasts.base, source) / _ms_per_token(firsts.base, source),
         drift_spec=_ms_per_token(lasts.spec, source) / _ms_per_token(firsts.spec, source),
         confidence=confidence,

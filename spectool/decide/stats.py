@@ -159,12 +159,17 @@ def stall_notes(
         if verdict.source != "iterations":
             steps = (step_ratios or {}).get((c, k))
             if steps is not None and abs(verdict.ratio / steps - 1.0) > STEP_VS_CLIENT:
+                why = (
+                    "the difference is time outside decode steps (prefills of arriving "
+                    "requests, queueing), which speculation does not shorten"
+                    if verdict.ratio > steps
+                    else "users gain more than the steps: requests that finish sooner also "
+                    "spend less time waiting behind other requests' prefills and in the queue"
+                )
                 notes.append(
                     f"concurrency {c}, k={k}: users' {_SOURCE_WORDS[verdict.source]} (what "
                     f"decided) is {verdict.ratio:.2f} of the baseline's, decode steps alone cost "
-                    f"{steps:.2f} per token: the difference is time outside decode steps "
-                    "(prefills of arriving requests, queueing), which speculation does not "
-                    "shorten"
+                    f"{steps:.2f} per token: {why}"
                 )
             continue
         tpot_ratio = spec.ms_per_token.value / base.ms_per_token.value

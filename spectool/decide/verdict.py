@@ -25,6 +25,12 @@ OBJECTIVES: dict[str, Source | None] = {
     "throughput": "throughput",
     "steps": None,
 }
+# the tail: ``METRIC@pQ`` compares the Q-th percentile of the per-request metric, both arms'
+# blocks pooled (spectool.decide.paired.quantile_estimate); the sources are the means'
+QUANTILES: dict[str, float] = {
+    f"{name}@p{q}": float(q) for name in ("tpot", "e2e", "ttft") for q in (90, 99)
+}
+OBJECTIVES.update({name: OBJECTIVES[name.split("@")[0]] for name in QUANTILES})
 DEFAULT_OBJECTIVE = "tpot"
 Design = Literal["interleaved", "bracketed", "unpaired"]
 

@@ -129,3 +129,34 @@ def test_too_few_pairs_or_mixed_cells_are_refused() -> None:
         PairedCell(
             (BlockPair(block(3, 1.0), block(0, 1.0)), BlockPair(block(2, 1.0), block(0, 1.0)))
         )
+
+
+def _requests_block(k: int, tpots: list[float], shift: float = 0.0) -> CellMeasurement:
+    """A block of requests, request i streaming 9 tokens at ``tpots[i]`` seconds each."""
+    from spectool.decide.latency import RequestRecord
+
+    records = []
+    for i, tpot in enumerate(tpots):
+        send = shift + 0.01 * i
+        first = send + 0.02
+        chunks = tuple(first + tpot * j for j in range(9))
+        records.append(RequestRecord(f"r{i}", "c", send, first, chunks, (1,) * 9, chunks[-1], 8, 9))
+    return CellMeasurement(concurrency=4, k=k, records=tuple(records), duration_s=1.0)
+
+
+def test_a_tail_objective_sees_the_tail_the_mean_hides() -> None:
+    """The deployment is twice as fast for 9 requests in 10 and 3x slower for the tenth: the mean
+    TPOT pays, the p99 TPOT is proven slower (each arm's blocks pooled)."""
+    rng = np.random.default_rng(5)
+    pairs = []
+    for i in range(8):
+        base = [0.010 * (1 + 0.05 * rng.standard_normal()) for _ in range(10)]
+        spec = [0.005 * (1 + 0.05 * rng.standard_normal()) for _ in range(9)] + [0.030]
+        pairs.append(BlockPair(_requests_block(3, spec, i), _requests_block(0, base, i)))
+    mean = paired_estimate(PairedCell(tuple(pairs), objective="tpot"))
+    tail = paired_estimate(PairedCell(tuple(pairs), objective="tpot@p99"))
+    assert mean.verdict == "pays" and mean.ratio < 0.8
+    assert tail.verdict == "does_not_pay" and tail.ratio > 2.0
+    assert tail.pairs == 8 and tail.source == "requests"
+    p90 = paired_estimate(PairedCell(tuple(pairs), objective="tpot@p90"))
+    assert p90.ratio < tail.ratio

@@ -11,17 +11,19 @@ from spectool.tuning.compare import method_requests, resolve_all
 from spectool.tuning.request import TuneRequest
 
 
-def test_the_demo_profile_compares_its_three_methods(tmp_path: Path) -> None:
+def test_the_demo_profile_compares_its_four_methods(tmp_path: Path) -> None:
     requests = method_requests(TuneRequest(out=tmp_path / "run"))
-    assert [r.method for r in requests] == ["auto", "eagle3", "ngram"]
+    assert [r.method for r in requests] == ["auto", "eagle3", "mtp", "ngram"]
     assert [r.out for r in requests] == [
         tmp_path / "run" / "draft_model",
         tmp_path / "run" / "eagle3",
+        tmp_path / "run" / "mtp",
         tmp_path / "run" / "ngram",
     ]
     assert requests[0].profile == "demo"
-    assert requests[1].drafter == "spectool:demo-eagle3" and requests[2].drafter is None
-    assert all(r.target == "spectool:demo-target" for r in requests[1:])
+    assert requests[1].drafter == "spectool:demo-eagle3"
+    assert requests[2].drafter is None and requests[3].drafter is None
+    assert all(r.target == "spectool:demo-target-mtp" for r in requests[1:])
 
 
 @pytest.mark.parametrize(
