@@ -1,6 +1,8 @@
 """tune's verdict against what users measure on the deployment it wrote (issue 22's Done-when).
 
-Reads a finished tune folder DIR (a build: ``decision.json`` + the engine configs), starts two
+Reads a finished tune folder DIR (a build: ``decision.json`` + the engine configs; tune's
+built-in workload, rebuilt here and checked against ``tune.json``'s workload id, so both
+measure the same prompts and output lengths), starts two
 servers from it with ``spectool serve``: the deployment as built (``--speculation on``: the
 chosen schedule, applied batch by batch) and its baseline (``--speculation off``), both on
 127.0.0.1. Then, for each traffic shape, runs short blocks in rounds of A B / B A (``--rounds``,
@@ -147,17 +149,33 @@ def main() -> int:
 
     from spectool.measure.client import tokenizer_counter
     from spectool.measure.runner import measure
-    from spectool.tuning.prompts import output_lengths, tune_prompts
+    from spectool.tuning.prompts import tune_prompts
 
     decision = json.loads((args.build / "decision.json").read_text())
-    target = REPO_ROOT / "spectool" / "assets" / "models" / "demo-target"
-    n = max(args.requests, 64)
-    built = tune_prompts(
-        None, n, count_tokens=tokenizer_counter(target), max_prompt_tokens=800, seed=0
+    tuned = next(
+        path
+        for path in (args.build / "tune.json", args.build / decision["method"] / "tune.json")
+        if path.is_file()
     )
-    fixed = list(built.prompts)
-    lengths = output_lengths(n, args.max_tokens, 0)
-    varied = [replace(p, max_tokens=m) for p, m in zip(fixed, lengths, strict=True)]
+    workload = json.loads(tuned.read_text())["workload"]
+    if workload["source"] != "builtin":
+        raise SystemExit(
+            f"{tuned}: tune ran on {workload['source']}; this benchmark rebuilds "
+            "only the built-in workload"
+        )
+    target = REPO_ROOT / "spectool" / "assets" / "models" / "demo-target"
+    built = tune_prompts(  # tune's own prompts and output lengths (checked by the workload id)
+        None,
+        workload["prompts"],
+        count_tokens=tokenizer_counter(target),
+        max_prompt_tokens=workload["max_prompt_tokens"],
+        seed=0,
+        mean_output=args.max_tokens,
+    )
+    if built.workload_id != workload["id"]:
+        raise SystemExit(f"rebuilt workload {built.workload_id} is not tune's {workload['id']}")
+    varied = list(built.prompts)
+    fixed = [replace(p, max_tokens=None) for p in varied]
     spec_proc, spec_url = start(args.build, "on", args.out / "spec.log")
     base_proc, base_url = start(args.build, "off", args.out / "base.log")
     results: dict[str, list[dict[str, float]]] = {}

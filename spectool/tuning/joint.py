@@ -21,6 +21,11 @@ cells at one concurrency together: a *joint cell* of arms ``baseline, (m1, k1), 
   the two best methods' arms are *decided* head to head (:func:`spectool.decide.duel.decided`:
   equivalent within ``TIE_MARGIN``, or one proven faster), or over budget, or at the most pairs.
   So the extra rounds a close comparison needs are spent where it is close.
+* An arm *retires* at a look where its own rule has stopped (settled, or over budget) and it is
+  not one of the two leading methods: later rounds measure only the arms still in the race. Its
+  cell is what it holds at that look, the look where its search alone would have stopped, so
+  its replay is unchanged; a four-method comparison then pays the extra rounds of a close
+  duel for two arms, not four.
 * Two arms of one joint cell give the methods' head-to-head estimate for free
   (:func:`duel_from_joint`): the same rounds, the same prompts, the same minute.
 
@@ -43,6 +48,7 @@ from spectool.decide.duel import DuelEstimate, DuelPair, decided, duel_estimate
 from spectool.decide.methods import TIE_MARGIN
 from spectool.decide.paired import BlockPair, PairedCell, paired_estimate, settled
 from spectool.decide.result import TuneResult
+from spectool.decide.verdict import PairedEstimate
 from spectool.io import append_line
 from spectool.measure.runner import TrialConfig, TrialResult, load_trials
 from spectool.tuning.pairing import look_every, looks_of, max_pairs, over_budget, prompts_sent
@@ -116,19 +122,21 @@ def _paired(
     objective: str,
     workload_prompts: int,
 ) -> PairedCell:
-    """``arm``'s paired cell: its block and the baseline block of every round."""
+    """``arm``'s paired cell: its block and the baseline block of every round that holds it
+    (a round's slots are in the order they were measured)."""
     pairs = []
     sent: set[int] = set()
-    slot = arms.index(arm) + 1
-    for i, got in enumerate(rounds):
-        order = round_order(len(arms), i)
+    for got in rounds:
+        if arm not in got:
+            break  # retired: no later round holds it
+        order = list(got)
         spec, base = got[arm], got[BASE]
         sent.update(prompts_sent(spec))
         pairs.append(
             BlockPair(
                 pooled_cell([spec], arm.k),
                 pooled_cell([base], 0),
-                spec_first=order.index(slot) < order.index(0),
+                spec_first=order.index(arm) < order.index(BASE),
             )
         )
     return PairedCell(
@@ -141,10 +149,12 @@ def _paired(
 
 
 def duel_pairs(a: Arm, b: Arm, rounds: Sequence[dict[Slot, TrialResult]]) -> list[DuelPair]:
-    """The head-to-head pairs of arms ``a`` and ``b``: their blocks of every round."""
+    """The head-to-head pairs of arms ``a`` and ``b``: their blocks of every round holding
+    both (an arm that retired left the later rounds)."""
     return [
         DuelPair(pooled_cell([got[a]], a.k), pooled_cell([got[b]], b.k), a_first=i % 2 == 0)
         for i, got in enumerate(rounds)
+        if a in got and b in got
     ]
 
 
@@ -173,30 +183,30 @@ def measure_joint(
     """The joint cell of ``arms`` at concurrency ``c``; see the module docstring."""
     arms = tuple(sorted(set(arms)))
     every, most, looks = look_every(pass_pairs), max_pairs(pass_pairs), looks_of(pass_pairs)
-    slots: list[Slot] = [BASE, *arms]
+    active = list(arms)
     rounds: list[dict[Slot, TrialResult]] = []
     spent = dict.fromkeys(arms, 0.0)
     cells: dict[Arm, PairedCell] = {}
+    estimates: dict[Arm, PairedEstimate] = {}
     for i in range(most):
         got: dict[Slot, TrialResult] = {}
-        for j in round_order(len(arms), i):
+        slots: list[Slot] = [BASE, *active]
+        for j in round_order(len(active), i):
             got[slots[j]] = block(i, slots[j])
         rounds.append(got)
-        for arm in arms:
+        for arm in active:
             spent[arm] += got[arm].wall_time_s + got[BASE].wall_time_s
         if len(rounds) % every:
             continue
-        cells = {
-            arm: _paired(arm, arms, rounds, looks, objective, workload_prompts) for arm in arms
+        for arm in active:
+            cells[arm] = _paired(arm, arms, rounds, looks, objective, workload_prompts)
+            estimates[arm] = paired_estimate(cells[arm], confidence=confidence, seed=seed)
+        done = {
+            arm
+            for arm in active
+            if settled(estimates[arm], threshold) or over_budget(spent[arm], budget_s, len(rounds))
         }
-        estimates = {
-            arm: paired_estimate(cells[arm], confidence=confidence, seed=seed) for arm in arms
-        }
-        over = all(over_budget(spent[arm], budget_s, len(rounds)) for arm in arms)
-        each_done = all(
-            settled(estimates[arm], threshold) or over_budget(spent[arm], budget_s, len(rounds))
-            for arm in arms
-        )
+        over = all(over_budget(spent[arm], budget_s, len(rounds)) for arm in active)
         ratios = {arm: estimates[arm].ratio for arm in arms}
         lead = leading_arms(cells, ratios)
         compared = True
@@ -206,8 +216,9 @@ def measure_joint(
                 duel_pairs(a, b, rounds), (a.method, b.method), objective=objective
             )
             compared = decided(duel, confidence=confidence, margin=TIE_MARGIN, looks=looks)
-        if each_done and (compared or over):
+        if done == set(active) and (compared or over):
             break
+        active = [arm for arm in active if arm not in done or arm in lead[:2]]
     # the last round is always a look (max_pairs is a whole number of looks): cells hold them all
     return JointCell(c, arms, tuple(rounds), cells)
 
@@ -307,10 +318,13 @@ def duel_from_joint(
             for arm in (a, b):
                 side = files[arm.method]
                 trial = side.saved.get(side.plan.block_config(c, arm.k, i, arm.k).key())
-                if trial is None:
-                    return None
-                got[arm] = trial
+                if trial is not None:
+                    got[arm] = trial
+            if len(got) < 2:
+                break  # one of them retired from the cell (or its blocks are gone)
             rounds.append(got)
+        if len(rounds) < 2:
+            continue
         pairs = duel_pairs(a, b, rounds)
         sent = {p for got in rounds for t in got.values() for p in prompts_sent(t)}
         return duel_estimate(

@@ -124,6 +124,34 @@ def test_close_methods_get_more_rounds_until_the_budget() -> None:
     assert len(alone.rounds) == look_every(1)  # one method: nothing to compare
 
 
+def test_a_settled_arm_out_of_the_race_retires_and_keeps_its_cell() -> None:
+    """Three methods, two close (the race) and one far behind: the far one retires at the
+    first look where it is settled (not among the two leaders), later rounds measure the two close arms
+    and the baseline only, and the retired arm's cell is what its search alone reads back."""
+    far = Arm("eagle3", K)
+    bench = Bench({A: 18.0, B: 18.7, far: 45.0}, speed=lambda t: 1.0 + 0.3 * np.sin(3 * t))
+    cell = measure_joint(C, [A, B, far], bench.block, budget_s=1e9, **PASS)
+    held = [far in got for got in cell.rounds]
+    retired = held.index(False)  # the first round without it: it retired at a look before
+    assert retired % look_every(1) == 0 and not any(held[retired:])
+    assert retired < len(cell.rounds)  # the close pair needed more rounds
+    assert all(A in got and B in got and BASE in got for got in cell.rounds)
+    assert len(cell.cells[far].pairs) == retired
+    assert paired_estimate(cell.cells[far]).ci_low > 1.0  # settled: it does not pay
+    calls = [slot for _, slot in bench.calls]
+    assert calls.count(far) == retired and calls.count(A) == len(cell.rounds)
+
+    def lookup(pair: int, k: int) -> TrialResult:
+        key = (pair, far if k else BASE)
+        if key not in bench.saved:
+            raise NotSaved
+        return bench.saved[key]
+
+    alone = measure_paired(C, K, lookup, budget_s=1e9, **PASS)
+    assert [q.spec for q in alone.pairs] == [q.spec for q in cell.cells[far].pairs]
+    assert len(duel_pairs(A, far, cell.rounds)) == retired  # the rounds holding both
+
+
 def _plans() -> dict[str, CellPlan]:
     return {
         m: CellPlan("torch", m, f"fp-{m}", "", num_prompts=4, max_tokens=8, workload_prompts=4)
