@@ -176,13 +176,17 @@ def fit_baseline_factors(
     models: Mapping[str, Mapping[str, Any]],
     base: Mapping[str, EngineFactors],
 ) -> dict[str, EngineFactors]:
-    """Per engine with rows, :data:`BASE_FITTED` at the grid point minimising the mean
-    |log(predicted / published)| of its absolute rows, the rest as in ``base[engine]``."""
+    """Per engine with more rows than :data:`BASE_FITTED` has names, those factors at the grid
+    point minimising the mean |log(predicted / published)| of its absolute rows, the rest as in
+    ``base[engine]``. An engine with fewer rows is left out (its caller keeps its prior): three
+    factors fitted to one or two rows reproduce them and nothing else."""
     from spectool.predict.calibrate import fit_factors
 
     fitted: dict[str, EngineFactors] = {}
     for engine in sorted({r.engine for r in rows}):
         sub = [r for r in rows if r.engine == engine]
+        if len(sub) <= len(BASE_FITTED):  # as many factors as rows: memorised, not fitted
+            continue
 
         def loss(f: EngineFactors, sub: list[BaselineRow] = sub, engine: str = engine) -> float:
             return statistics.fmean(

@@ -224,7 +224,9 @@ def geometry_from_published(entry: Mapping[str, Any], name: str, precision: str)
         top_k = int(entry["experts_per_token"])
     else:
         moe_layers, expert, top_k = 0, 0.0, 0
-        dense = layers * (attn + 3.0 * hidden * inter) + head
+        # gated MLPs (SwiGLU: gate, up, down) unless the entry says 2 (GPT-J: fc_in, fc_out)
+        mlp = int(entry.get("mlp_matrices") or 3)
+        dense = layers * (attn + mlp * hidden * inter) + head
     if kind in ("eagle3_head", "eagle_head"):
         dense += (3 if kind == "eagle3_head" else 2) * hidden * hidden  # fc
     return Geometry(

@@ -97,8 +97,8 @@ def test_refit_gives_the_shipped_defaults(table: tuple[list, dict, list]) -> Non
 
 
 def test_verdict_follows_the_interval() -> None:
-    assert interval(1.5).verdict == PAYS  # 1.5 x 0.83 > 1
-    assert interval(0.7).verdict == DOES_NOT_PAY  # 0.7 x 1.35 < 1
+    assert interval(1.5).verdict == PAYS  # 1.5 x 0.88 > 1
+    assert interval(0.7).verdict == DOES_NOT_PAY  # 0.7 x 1.36 < 1
     assert interval(1.1).verdict == UNCERTAIN
     assert interval(0.9).verdict == UNCERTAIN
     assert str(interval(1.4)) == f"1.40x ({1.4 * LOW_FACTOR:.2f}-{1.4 * HIGH_FACTOR:.2f})"
