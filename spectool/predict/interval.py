@@ -58,6 +58,16 @@ def interval(speedup: float, low: float = LOW_FACTOR, high: float = HIGH_FACTOR)
     return Interval(speedup, speedup * low, speedup * high)
 
 
+def could_win(predicted_ratio: float, rival_ratio: float, high: float = HIGH_FACTOR) -> bool:
+    """Whether a cell predicted at per-token ratio ``predicted_ratio`` (spec / base time per
+    token, 1 / speed-up) could beat a rival at ``rival_ratio`` within its interval: its
+    optimistic end, ``predicted_ratio / high``, is below the rival's. A search that prunes only
+    cells for which this is False never prunes a cell the interval could win; for GPU-engine
+    predictions that is a margin of ``high - 1`` (36 %) over the rival, where
+    ``spectool.decide.tune.PRUNE_MARGIN`` (20 %) is the embedded engine's measured CPU error."""
+    return predicted_ratio / high < rival_ratio
+
+
 def residual_band(log_residuals: Sequence[float], level: float = LEVEL) -> tuple[float, float]:
     """Multiplicative factors (low, high) covering the central ``level`` of
     ``log(published / predicted)`` residuals (linear interpolation between order statistics)."""

@@ -21,6 +21,7 @@ from spectool.predict.interval import (
     LOW_FACTOR,
     PAYS,
     UNCERTAIN,
+    could_win,
     interval,
     residual_band,
 )
@@ -139,3 +140,11 @@ def test_best_k_within_one_of_every_published_sweep(table: tuple[list, dict, lis
         best = max(predicted_by_k, key=lambda k: predicted_by_k[k])
         assert best is not None and published is not None
         assert abs(best - published) <= 1, (key, published, predicted_by_k)
+
+
+def test_could_win_is_the_optimistic_end_of_the_interval() -> None:
+    """A cell predicted 30 % slower per token than its rival could still win (its interval
+    reaches 1 / 1.36 of the prediction); one predicted 40 % slower could not."""
+    assert could_win(1.30, 1.0) and not could_win(1.40, 1.0)
+    assert could_win(0.9, 1.0)
+    assert could_win(1.30, 1.0) == (1.30 / HIGH_FACTOR < 1.0)
