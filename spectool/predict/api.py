@@ -12,7 +12,14 @@ from spectool.predict.geometry import (
     geometry_from_checkpoint,
     mtp_geometry_from_checkpoint,
 )
-from spectool.predict.interval import HIGH_FACTOR, LEVEL, LOW_FACTOR, UNCERTAIN, interval
+from spectool.predict.interval import (
+    DOES_NOT_PAY,
+    HIGH_FACTOR,
+    LEVEL,
+    LOW_FACTOR,
+    UNCERTAIN,
+    interval,
+)
 from spectool.predict.model import Prediction, Setup
 
 if TYPE_CHECKING:
@@ -74,7 +81,8 @@ def describe(prediction: Prediction) -> list[str]:
         best = row.best
         if best is not None and best.speedup is not None and best.tokens_per_step is not None:
             band = interval(best.speedup)
-            verdict = {UNCERTAIN: "is uncertain"}.get(band.verdict, band.verdict)
+            words = {UNCERTAIN: "is uncertain", DOES_NOT_PAY: "does not pay"}
+            verdict = words.get(band.verdict, band.verdict)
             lines.append(
                 f"c={row.concurrency}: speculation {verdict}: best k={best.k}, predicted "
                 f"{band} at {best.tokens_per_step:.2f} tokens per step "
@@ -146,5 +154,5 @@ def _band(speedup: float | None) -> list[float] | None:
 
 
 def _verdict(speedup: float | None) -> str | None:
-    """``pays`` / ``does not pay`` / ``uncertain`` by the interval; None without acceptance."""
+    """``pays`` / ``does_not_pay`` / ``uncertain`` by the interval; None without acceptance."""
     return None if speedup is None else interval(speedup).verdict

@@ -29,7 +29,7 @@ LOW_FACTOR = 0.88
 HIGH_FACTOR = 1.36
 
 PAYS = "pays"
-DOES_NOT_PAY = "does not pay"
+DOES_NOT_PAY = "does_not_pay"  # the spelling of tune's cell verdicts
 UNCERTAIN = "uncertain"
 
 
