@@ -168,6 +168,10 @@ def test_predict_only_writes_a_predicted_decision_build_and_gate(tmp_path: Path,
     assert "README.md" in decision["prediction"]["acceptance"]
     assert decision["prediction"]["calibration"].startswith("CPU probe")
     assert {c["source"] for c in decision["cells"]} == {"predicted"}
+    for c in decision["cells"]:  # the ratio's 80 % interval; straddling 1 is inconclusive
+        assert c["ci_low"] < c["ratio"] < c["ci_high"]
+        pays, loses = c["ci_high"] < 1.0, c["ci_low"] > 1.0
+        assert c["verdict"] == ("pays" if pays else "does_not_pay" if loses else "inconclusive")
     assert set(decision["schedule"]) == {"1", "2", "8"}
     assert (out / "speculative.json").is_file() and (out / "manifest.json").is_file()
     assert main(argv) == 2  # an earlier decision is not replaced without --force

@@ -135,5 +135,8 @@ def test_cpu_probe_measures_positive_factors() -> None:
     assert result.hardware.bandwidth > 1e8 and result.hardware.flops16 > 1e7
     assert result.factors.layer_overhead_s >= 0 and result.factors.forward_overhead_s >= 0
     assert not result.factors.overlap
+    # the embedded engine's draft forwards are probed as forwards: no fitted per-draft-step cost
+    # (the GPU engines' draft_step_overhead_s), so the CPU prediction is what it was
+    assert result.factors.draft_step_overhead_s == 0.0
     assert set(result.layer_ms) == set(GRID)
     assert "GB/s" in result.describe()
