@@ -130,12 +130,37 @@ def test_check_acceptance_flags_change_the_prediction(capsys) -> None:
     assert "give one acceptance input" in capsys.readouterr().err
 
 
+def test_check_prints_the_interval_and_an_uncertain_verdict(capsys) -> None:
+    """Issue 23: every predicted speed-up carries its 80 % interval; a verdict whose interval
+    straddles 1 says `uncertain`, never `pays`."""
+    from spectool.predict.interval import HIGH_FACTOR, LOW_FACTOR
+
+    base = ["check", "demo", "--gpu", "h100-sxm", "--concurrency", "8"]
+    assert main([*base, "--acceptance-length", "1.5", "--json"]) == 0
+    pays = json.loads(capsys.readouterr().out)["will_it_pay"]
+    row = pays["concurrency"][0]
+    best = next(k for k in row["ks"] if k["k"] == row["best_k"])
+    low, high = best["speedup_interval"]
+    assert low == pytest.approx(best["speedup"] * LOW_FACTOR)
+    assert high == pytest.approx(best["speedup"] * HIGH_FACTOR)
+    assert low < 1.0 < high and row["verdict"] == "uncertain"
+    assert pays["interval"]["level"] == 0.8
+    assert main([*base, "--acceptance-length", "1.5"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "c=8: speculation is uncertain" in text
+    assert f"({low:.2f}-{high:.2f})" in text and "80% interval" in text
+    assert main([*base, "--acceptance-length", "4.0", "--json"]) == 0
+    sure = json.loads(capsys.readouterr().out)["will_it_pay"]["concurrency"][0]
+    assert sure["verdict"] == "pays"
+
+
 def test_predict_only_writes_a_predicted_decision_build_and_gate(tmp_path: Path, capsys) -> None:
     out = tmp_path / "pred"
     argv = ["tune", "--predict-only", "--concurrency", "1,2,8", "--out", str(out)]
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "predicted, not measured" in text and "CPU probe" in text
+    assert "80% interval" in " ".join(text.split())  # each speed-up with its interval
     decision = json.loads((out / "decision.json").read_text())
     for key in ("engine", "method", "max_draft_len", "schedule", "draft_len_schedule", "cells"):
         assert key in decision
@@ -143,6 +168,10 @@ def test_predict_only_writes_a_predicted_decision_build_and_gate(tmp_path: Path,
     assert "README.md" in decision["prediction"]["acceptance"]
     assert decision["prediction"]["calibration"].startswith("CPU probe")
     assert {c["source"] for c in decision["cells"]} == {"predicted"}
+    for c in decision["cells"]:  # the ratio's 80 % interval; straddling 1 is inconclusive
+        assert c["ci_low"] < c["ratio"] < c["ci_high"]
+        pays, loses = c["ci_high"] < 1.0, c["ci_low"] > 1.0
+        assert c["verdict"] == ("pays" if pays else "does_not_pay" if loses else "inconclusive")
     assert set(decision["schedule"]) == {"1", "2", "8"}
     assert (out / "speculative.json").is_file() and (out / "manifest.json").is_file()
     assert main(argv) == 2  # an earlier decision is not replaced without --force

@@ -175,7 +175,8 @@ def _dense_params(m: dict) -> float:
     h, hd = m["hidden_size"], m["head_dim"]
     attn = h * m["num_attention_heads"] * hd * 2 + 2 * h * m["num_key_value_heads"] * hd
     embed = m["vocab_size"] * h * (1 if m["tie_word_embeddings"] else 2)
-    return embed + m["num_hidden_layers"] * (attn + 3 * h * m["intermediate_size"])
+    mlp = m.get("mlp_matrices", 3)  # gated (SwiGLU) unless the entry says otherwise
+    return embed + m["num_hidden_layers"] * (attn + mlp * h * m["intermediate_size"])
 
 
 def _moe_params(m: dict, experts: int) -> float:

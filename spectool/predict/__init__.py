@@ -25,12 +25,15 @@ API for the CLI (each integration is a few lines)::
     acc = Acceptance.from_rate(0.7, source="published: <url>")
     pred = predict(setup, acc, concurrencies=(1, 8, 64), ks=range(1, 9))
     pred.at(8).best.k, pred.at(8).best.speedup, pred.break_even_concurrency
+    band = interval(pred.at(8).best.speedup)                 # 80 % interval, out of sample:
+    band.low, band.high, band.verdict                        # "pays" / "uncertain" / ...
     json_obj = as_dict(pred)                                 # {"predicted": true, ...}
 
     # geometry without checkpoints (a profile's geometry block, for offline use)
     geom = geometry_from_mapping(profile_geometry_block, name, where="profiles/x.yaml")
 
-    # calibration: engine defaults (ENGINE_DEFAULTS), refit from tune cells on this machine,
+    # calibration: engine defaults (ENGINE_DEFAULTS: fitted by component to published results,
+    # spectool.predict.loso), refit from tune cells on this machine,
     # or the CPU probe for the embedded engine (imports torch, lazily)
     fit = fit_step_points(geom, hardware, ENGINE_DEFAULTS["trtllm"],
                           step_points_from_tune(Path("run/tune.json")),  # (b, t, ms) points
@@ -61,6 +64,7 @@ from spectool.predict.geometry import (
     geometry_from_mapping,
     mtp_geometry_from_checkpoint,
 )
+from spectool.predict.interval import Interval, interval
 from spectool.predict.model import (
     ConcurrencyPrediction,
     KPrediction,
@@ -83,6 +87,7 @@ __all__ = [
     "Geometry",
     "GeometrySpec",
     "Hardware",
+    "Interval",
     "KPrediction",
     "Prediction",
     "Setup",
@@ -98,6 +103,7 @@ __all__ = [
     "forward_cost",
     "geometry_from_checkpoint",
     "geometry_from_mapping",
+    "interval",
     "mtp_geometry_from_checkpoint",
     "predict",
     "setup_for",

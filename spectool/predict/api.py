@@ -12,6 +12,14 @@ from spectool.predict.geometry import (
     geometry_from_checkpoint,
     mtp_geometry_from_checkpoint,
 )
+from spectool.predict.interval import (
+    DOES_NOT_PAY,
+    HIGH_FACTOR,
+    LEVEL,
+    LOW_FACTOR,
+    UNCERTAIN,
+    interval,
+)
 from spectool.predict.model import Prediction, Setup
 
 if TYPE_CHECKING:
@@ -72,11 +80,13 @@ def describe(prediction: Prediction) -> list[str]:
         easiest = row.min_break_even
         best = row.best
         if best is not None and best.speedup is not None and best.tokens_per_step is not None:
-            verdict = "pays" if best.speedup > 1.0 else "does not pay"
+            band = interval(best.speedup)
+            words = {UNCERTAIN: "is uncertain", DOES_NOT_PAY: "does not pay"}
+            verdict = words.get(band.verdict, band.verdict)
             lines.append(
                 f"c={row.concurrency}: speculation {verdict}: best k={best.k}, predicted "
-                f"{best.speedup:.2f}x at {best.tokens_per_step:.2f} tokens per step "
-                f"(break-even {best.break_even_length:.2f})"
+                f"{band} at {best.tokens_per_step:.2f} tokens per step "
+                f"(break-even {best.break_even_length:.2f}; {LEVEL:.0%} interval)"
             )
         elif easiest.break_even_length > easiest.k + 1:
             lines.append(f"c={row.concurrency}: speculation cannot pay at any k tried")
@@ -102,6 +112,7 @@ def as_dict(prediction: Prediction) -> dict[str, Any]:
     acc: Acceptance | None = prediction.acceptance
     return {
         "predicted": True,
+        "interval": {"level": LEVEL, "low_factor": LOW_FACTOR, "high_factor": HIGH_FACTOR},
         "method": setup.method,
         "hardware": setup.hardware.name,
         "factors": setup.factors.source,
@@ -116,6 +127,7 @@ def as_dict(prediction: Prediction) -> dict[str, Any]:
                 "concurrency": row.concurrency,
                 "base_step_ms": row.base_step_s * 1e3,
                 "best_k": row.best.k if row.best else None,
+                "verdict": _verdict(row.best.speedup if row.best else None),
                 "ks": [
                     {
                         "k": p.k,
@@ -123,6 +135,7 @@ def as_dict(prediction: Prediction) -> dict[str, Any]:
                         "tokens_per_step": p.tokens_per_step,
                         "break_even_tokens_per_step": p.break_even_length,
                         "speedup": p.speedup,
+                        "speedup_interval": _band(p.speedup),
                     }
                     for p in row.ks
                 ],
@@ -130,3 +143,16 @@ def as_dict(prediction: Prediction) -> dict[str, Any]:
             for row in prediction.rows
         ],
     }
+
+
+def _band(speedup: float | None) -> list[float] | None:
+    """``[low, high]`` of the 80 % interval, None without a speed-up."""
+    if speedup is None:
+        return None
+    band = interval(speedup)
+    return [band.low, band.high]
+
+
+def _verdict(speedup: float | None) -> str | None:
+    """``pays`` / ``does_not_pay`` / ``uncertain`` by the interval; None without acceptance."""
+    return None if speedup is None else interval(speedup).verdict

@@ -103,7 +103,9 @@ class EngineFactors:
     ``seq_layer_overhead_s``: per sequence per layer (a CPU gathering each sequence's KV rows
     and running its attention separately; ~0 on GPUs, where the KV bytes cover it).
     ``spec_overhead_s`` / ``spec_seq_overhead_s``: per speculative step, fixed and per sequence
-    (acceptance, KV rollback). ``allreduce_s``: latency of one all-reduce; ``link_fraction``:
+    (acceptance, KV rollback). ``draft_step_overhead_s``: per draft step (one drafter, head or
+    MTP forward): its sampling, the draft-token bookkeeping and the launches outside a CUDA graph;
+    a sweep over k prices it (published sweeps peak at k = 2-4, issue 23). ``allreduce_s``: latency of one all-reduce; ``link_fraction``:
     achieved share of GPU-to-GPU bandwidth. ``overlap``: roofline max (GPU) or sum (a CPU that
     runs one op at a time). ``source``: where the numbers come from.
     """
@@ -120,6 +122,7 @@ class EngineFactors:
     seq_layer_overhead_s: float = 0.0
     spec_overhead_s: float = 0.0
     spec_seq_overhead_s: float = 0.0
+    draft_step_overhead_s: float = 0.0
     allreduce_s: float = 10e-6
     link_fraction: float = 0.7
     overlap: bool = True
@@ -129,58 +132,58 @@ class EngineFactors:
         return replace(self, **changes)  # type: ignore[arg-type]
 
 
-# Default factors per engine: engine-level, never per model or row.
-# * bw_fraction 0.75 / flops_fraction 0.6 (a priori): decode GEMV kernels reach 70-80 % of HBM
-#   bandwidth and large GEMMs 55-70 % of dense peak on H100 (NVIDIA's TensorRT-LLM performance
-#   notes; the LLM-inference roofline survey, Yuan et al. 2024, arXiv:2402.16363).
-# * step / spec / layer overheads: fitted once per engine, on a coarse grid
-#   (spectool.predict.calibrate.DEFAULT_GRIDS), to the published speed-ups of
-#   tests/data/published (spectool.predict.published.fit_engine_defaults); a
-#   leave-one-source-out refit predicts each source within the README's figures. SGLang's
-#   5 ms per speculative step comes from its only usable rows (Qwen3-30B-A3B EAGLE-3 on 2-4
-#   H100, SpecForge #339, AngelSlim #163); treat it as that setting's figure.
-# * spec_seq_overhead_s (per sequence per speculative step): fitted only where an engine's rows
-#   span >= 3 concurrencies (SGLang: 1, 4, 8, 32, 64). SGLang runs its overlap scheduler (the
-#   host's per-request work of step i hidden behind the GPU's step i+1) for plain decode but
-#   turns it off for EAGLE/EAGLE-3 ("Overlap scheduler is disabled because of using eagle3 or
-#   standalone speculative decoding" unless SGLANG_ENABLE_SPEC_V2; sgl-project/sglang
-#   python/sglang/srt/server_args.py, v0.5.6; older releases turned it off for EAGLE
-#   unconditionally: "The radix cache, chunked prefill, and overlap scheduler are disabled
-#   because of using eagle speculative decoding"), so a speculative step pays the
-#   per-request host work in series: 50 us per sequence here. (The fit minimises the mean
-#   |log error| per engine; SpecForge's closed-set rows enter at the decode batch their own
-#   baseline series implies, see spectool.predict.published.effective_batch.)
-#   Without it the model's speed-up rose with batch where SGLang's falls (EAGLE-3 paper
-#   Table 3, SGLang at batch 2-64, rows not used in the fit).
+# Default factors per engine: engine-level, never per model or row, fitted by component
+# (spectool.predict.loso.fit_engine_defaults over tests/data/published; see its SOURCES.md):
+# * stage 1, the plain decode step: bw_fraction, step_overhead_s and layer_overhead_s on the
+#   grids of spectool.predict.calibrate.DEFAULT_GRIDS, fitted to published ABSOLUTE speeds
+#   without speculation (baselines.csv: TensorRT-LLM's performance tables v0.5-v0.6.1 and
+#   tech blog 1; vLLM PRs #16035/#16937 and AngelSlim's README; SGLang in SpecForge #339,
+#   AngelSlim #163, EAGLE PR #173 and issue #251). flops_fraction stays at the a-priori 0.6
+#   (large GEMMs reach 55-70 % of dense peak on H100; refitting it moved no row by more than a
+#   few per cent). TensorRT-LLM's 100 us per layer is what its v0.6 static-batch Llama-2-70B
+#   rows and DeepSeek-R1's batch-1 step ask for; treat it as an upper figure for CUDA-graph runs.
+# * stage 2, the speculative parts with stage 1 fixed: spec_overhead_s (per speculative step),
+#   and draft_step_overhead_s (per draft forward: sampling, bookkeeping, launches), fitted to the
+#   published speed-ups (results.csv, which give acceptance length and k). spec_seq_overhead_s
+#   (per sequence per speculative step) is set from the engine's structure, not fitted: SGLang
+#   turns its overlap scheduler off for EAGLE, so the per-request host work runs in series
+#   (50 us; spectool.predict.loso.SEQ_PRIOR says where that comes from).
+# * the eager HF research code (spectool.predict.published.EXTRA_ENGINES) has no baseline rows
+#   and fits its overheads on its speed-ups alone.
+# Out-of-sample error and the prediction intervals: spectool.predict.interval and the README.
 ENGINE_DEFAULTS: dict[str, EngineFactors] = {
     "trtllm": EngineFactors(
-        bw_fraction=0.75,
+        bw_fraction=0.9,
         flops_fraction=0.6,
-        step_overhead_s=1e-3,
+        step_overhead_s=1.5e-3,
         forward_overhead_s=20e-6,
-        layer_overhead_s=20e-6,
-        spec_overhead_s=0.0,
-        source="engine default (trtllm): 75% HBM, 60% peak, 1 ms/step, 20 us/layer",
+        layer_overhead_s=100e-6,
+        spec_overhead_s=0.2e-3,
+        draft_step_overhead_s=0.3e-3,
+        source="engine default (trtllm): 90% HBM, 60% peak, 1.5 ms/step, 100 us/layer, "
+        "0.2 ms/spec step, 0.3 ms/draft step",
     ),
     "vllm": EngineFactors(
-        bw_fraction=0.75,
+        bw_fraction=0.6,
         flops_fraction=0.6,
         step_overhead_s=0.0,
         forward_overhead_s=20e-6,
-        layer_overhead_s=100e-6,
-        spec_overhead_s=0.7e-3,
-        source="engine default (vllm): 75% HBM, 60% peak, 100 us/layer, 0.7 ms/spec step",
+        layer_overhead_s=10e-6,
+        spec_overhead_s=0.0,
+        draft_step_overhead_s=0.2e-3,
+        source="engine default (vllm): 60% HBM, 60% peak, 10 us/layer, 0.2 ms/draft step",
     ),
     "sglang": EngineFactors(
-        bw_fraction=0.75,
+        bw_fraction=1.0,
         flops_fraction=0.6,
-        step_overhead_s=2e-3,
+        step_overhead_s=0.7e-3,
         forward_overhead_s=20e-6,
-        layer_overhead_s=20e-6,
+        layer_overhead_s=50e-6,
         spec_overhead_s=5e-3,
+        draft_step_overhead_s=0.1e-3,
         spec_seq_overhead_s=50e-6,
-        source="engine default (sglang): 75% HBM, 60% peak, 2 ms/step, 20 us/layer, "
-        "5 ms/spec step + 50 us/sequence",
+        source="engine default (sglang): 100% HBM, 60% peak, 0.7 ms/step, 50 us/layer, "
+        "5 ms/spec step + 50 us/sequence, 0.1 ms/draft step",
     ),
     # The embedded engine on CPU: no defaults worth the name (CPUs differ by 10x); these are
     # what the probe measured on a shared 2-core x86 box and only a fallback. Use probe.py.

@@ -20,6 +20,9 @@ Per-user speed-up at concurrency ``c`` and draft length ``k``::
 * ``ngram``: 0 (prompt lookup on the host; its cost is in the coordination overhead);
 * ``medusa``: ``k`` LM-head-sized heads in one pass.
 
+Every draft forward also pays the engine's ``draft_step_overhead_s`` (sampling, bookkeeping,
+launches): ``k`` of them for a head, a draft model or MTP, one for Medusa, none for n-gram.
+
 Without acceptance, :func:`break_even_length` answers the question backwards: the acceptance
 length at which speculation pays.
 """
@@ -92,13 +95,14 @@ class Setup:
         if k == 0 or self.method == "ngram":
             return 0.0
         hw, f, ctx, tp = self.hardware, self.factors, self.context, self.tp
+        per_step = f.draft_step_overhead_s  # sampling and launches of one draft step
         if self.method == "mtp":
             layer = self.mtp_layer or self.target.with_layers(1, name="mtp layer")
-            return k * forward_cost(layer, hw, f, batch, 1, ctx, tp).seconds
+            return k * (forward_cost(layer, hw, f, batch, 1, ctx, tp).seconds + per_step)
         if self.method == "medusa":
             heads = self.target.with_layers(1)
             step = forward_cost(heads, hw, f, batch, 1, 0, tp)
-            return step.seconds + (k - 1) * step.memory_s
+            return step.seconds + (k - 1) * step.memory_s + per_step
         assert self.drafter is not None
         # a probe can measure the drafter at its own shapes (small matmuls run slower per FLOP)
         hw = self.drafter_hardware or hw
@@ -110,7 +114,7 @@ class Setup:
             first = q * two + (1.0 - q) * one
         else:  # EAGLE heads re-read the hidden states of every token confirmed last step
             first = forward_cost(self.drafter, hw, f, batch, max(1.0, tokens), ctx, tp).seconds
-        return first + (k - 1) * one
+        return first + (k - 1) * one + k * per_step
 
     def coord_time(self, batch: float) -> float:
         """Iteration overhead of a speculative step: the plain one plus speculation's own."""

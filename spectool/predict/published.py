@@ -224,7 +224,9 @@ def geometry_from_published(entry: Mapping[str, Any], name: str, precision: str)
         top_k = int(entry["experts_per_token"])
     else:
         moe_layers, expert, top_k = 0, 0.0, 0
-        dense = layers * (attn + 3.0 * hidden * inter) + head
+        # gated MLPs (SwiGLU: gate, up, down) unless the entry says 2 (GPT-J: fc_in, fc_out)
+        mlp = int(entry.get("mlp_matrices") or 3)
+        dense = layers * (attn + mlp * hidden * inter) + head
     if kind in ("eagle3_head", "eagle_head"):
         dense += (3 if kind == "eagle3_head" else 2) * hidden * hidden  # fc
     return Geometry(
@@ -376,30 +378,6 @@ def predict_with_reference(
     return predict_row(replace(row, acceptance_length=row.ref_acceptance_length), models, factors)
 
 
-# The factors fitted per engine to the table (ENGINE_DEFAULTS' overheads come from this), and
-# what they were before any fitting (a GPU engine with CUDA graphs: 0.5 ms per iteration, 0.3 ms
-# per speculative step, 2 us per layer, nothing per sequence), used where a held-out source
-# leaves its engine no rows.
-FITTED = ("step_overhead_s", "spec_overhead_s", "layer_overhead_s", "spec_seq_overhead_s")
-# The per-sequence speculative cost is a slope in concurrency: fitted only for an engine whose
-# rows span at least this many concurrencies (with rows at batch 1 only it is the same number
-# as spec_overhead_s; with two concurrencies a slope cannot be told from one row's noise).
-SEQ_TERM = "spec_seq_overhead_s"
-SEQ_MIN_CONCURRENCIES = 3
-SEQ_GRID: dict[str, tuple[float, ...]] = {
-    SEQ_TERM: (0.0, 20e-6, 50e-6, 100e-6, 150e-6, 200e-6, 300e-6, 500e-6),
-}
-PRIOR = EngineFactors(
-    bw_fraction=0.75,
-    flops_fraction=0.6,
-    step_overhead_s=0.5e-3,
-    forward_overhead_s=20e-6,
-    layer_overhead_s=2e-6,
-    spec_overhead_s=0.3e-3,
-    source="a priori GPU engine (before fitting)",
-)
-
-
 @dataclass(frozen=True)
 class Evaluation:
     """Predicted against published speed-up for every usable row."""
@@ -436,52 +414,3 @@ def evaluate(
     factors: Mapping[str, EngineFactors] | None = None,
 ) -> Evaluation:
     return Evaluation(tuple((r, predict_row(r, models, factors)) for r in usable(rows)))
-
-
-def fit_engine_defaults(
-    rows: list[PublishedRow],
-    models: Mapping[str, Mapping[str, Any]],
-    names: tuple[str, ...] = FITTED,
-) -> dict[str, EngineFactors]:
-    """Per engine, the grid point of ``names`` minimising the mean |log(pred / published)|
-    over that engine's usable rows (engine-level: one set per engine, never per row).
-    :data:`SEQ_TERM` is fitted only where the engine's rows span
-    :data:`SEQ_MIN_CONCURRENCIES` concurrencies, else kept at the prior's 0.
-
-    The mean, not the median: with four factors and 8-16 rows per engine, the median is
-    minimised by any grid point that fits half the rows and ignores the rest (the median fit of
-    SGLang's 16 rows put the EAGLE-3 paper's SGLang batch-64 rows, not fitted, at 0.48x where
-    0.99x was published). The absolute (not squared) error keeps one noisy row from pulling
-    the fit."""
-    from spectool.predict.calibrate import fit_factors
-
-    fitted: dict[str, EngineFactors] = {}
-    for engine in sorted({r.engine for r in usable(rows)}):
-        sub = [r for r in usable(rows) if r.engine == engine]
-        spread = len({r.concurrency for r in sub})
-        fit_names = tuple(n for n in names if n != SEQ_TERM or spread >= SEQ_MIN_CONCURRENCIES)
-
-        def loss(f: EngineFactors, sub: list[PublishedRow] = sub, engine: str = engine) -> float:
-            return statistics.fmean(
-                abs(math.log(predict_row(r, models, {engine: f}) / r.speedup)) for r in sub
-            )
-
-        fitted[engine] = fit_factors(PRIOR, fit_names, loss, len(sub), SEQ_GRID).factors
-    return fitted
-
-
-def leave_one_source_out(
-    rows: list[PublishedRow], models: Mapping[str, Mapping[str, Any]]
-) -> Evaluation:
-    """Each source predicted with factors fitted on the other sources of its engine (the
-    unfitted :data:`PRIOR` when its engine has no other source): is the fit more than
-    memorised rows?"""
-    predicted: list[tuple[PublishedRow, float]] = []
-    for source in sorted({r.source_id for r in usable(rows)}):
-        held = [r for r in usable(rows) if r.source_id == source]
-        engines = {r.engine for r in held}  # other engines' fits do not touch these rows
-        rest = [r for r in rows if r.source_id != source and r.engine in engines]
-        fitted = fit_engine_defaults(rest, models)
-        factors = {r.engine: fitted.get(r.engine, PRIOR) for r in held}
-        predicted += [(r, predict_row(r, models, factors)) for r in held]
-    return Evaluation(tuple(predicted))

@@ -105,7 +105,13 @@ def resolved_setup(
 
 
 def predicted_cells(pred: Prediction) -> list[dict[str, Any]]:
-    """decision.json cells from a prediction: ms per token with and without speculation."""
+    """decision.json cells from a prediction: ms per token with and without speculation, the
+    ratio's 80 % interval (:mod:`spectool.predict.interval`: speed-up x0.88-x1.36, out of
+    sample) as ``ci_low``/``ci_high``, and a verdict that is ``inconclusive`` when the interval
+    straddles 1, never ``pays``."""
+    from spectool.predict.interval import UNCERTAIN, interval
+
+    spelling = {UNCERTAIN: "inconclusive"}  # decision.json's word for it
     cells = []
     for row in pred.rows:
         base_ms = row.base_step_s * 1e3
@@ -114,6 +120,7 @@ def predicted_cells(pred: Prediction) -> list[dict[str, Any]]:
                 continue
             lhs = p.spec_step_s * 1e3 / p.tokens_per_step
             ratio = lhs / base_ms
+            band = interval(1.0 / ratio)  # the speed-up's interval
             cells.append(
                 {
                     "concurrency": row.concurrency,
@@ -121,9 +128,9 @@ def predicted_cells(pred: Prediction) -> list[dict[str, Any]]:
                     "lhs_ms_per_token": lhs,
                     "rhs_ms_per_token": base_ms,
                     "ratio": ratio,
-                    "ci_low": ratio,
-                    "ci_high": ratio,
-                    "verdict": "pays" if ratio < 1.0 else "does_not_pay",
+                    "ci_low": 1.0 / band.high,
+                    "ci_high": 1.0 / band.low,
+                    "verdict": spelling.get(band.verdict, band.verdict),
                     "design": "predicted",
                     "source": "predicted",
                     "tokens_per_step_predicted": p.tokens_per_step,

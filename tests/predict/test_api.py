@@ -57,6 +57,30 @@ def test_json_is_serializable(demo_setup) -> None:
     assert "speedup" in text
 
 
+def test_words_and_json_follow_the_interval(demo_setup) -> None:
+    """A prediction whose whole 80 % interval is under 1 "does not pay" (JSON: does_not_pay,
+    the spelling of tune's cell verdicts); one whose interval straddles 1 is uncertain."""
+    slow = demo_setup.factors.but(draft_step_overhead_s=20e-3)  # a drafter far too slow
+    setup = setup_for(
+        demo_setup.target,
+        "draft_model",
+        demo_setup.hardware,
+        drafter=demo_setup.drafter,
+        engine=slow,
+    )
+    acc = Acceptance.from_length(1.5, 2, "--acceptance-length")
+    pred = predict(setup, acc, concurrencies=(1,), ks=(1, 2))
+    assert pred.at(1).best is not None and (pred.at(1).best.speedup or 9) * 1.36 < 1.0
+    assert describe(pred)[0].startswith("c=1: speculation does not pay: best k=")
+    assert as_dict(pred)["concurrency"][0]["verdict"] == "does_not_pay"
+    straddle = describe(predict(demo_setup, acc, concurrencies=(1,), ks=(1, 2)))[0]
+    obj = as_dict(predict(demo_setup, acc, concurrencies=(1,), ks=(1, 2)))["concurrency"][0]
+    best = next(k for k in obj["ks"] if k["k"] == obj["best_k"])
+    low, high = best["speedup_interval"]
+    assert (obj["verdict"] == "uncertain") == (low <= 1.0 <= high)
+    assert ("uncertain" in straddle) == (obj["verdict"] == "uncertain")
+
+
 def test_unknown_engine_is_one_line_error(demo_setup) -> None:
     with pytest.raises(BadInputError, match="engine 'tgi' not in"):
         setup_for(demo_setup.target, "eagle3", load_gpu("l4"), engine="tgi")
@@ -111,5 +135,8 @@ def test_cpu_probe_measures_positive_factors() -> None:
     assert result.hardware.bandwidth > 1e8 and result.hardware.flops16 > 1e7
     assert result.factors.layer_overhead_s >= 0 and result.factors.forward_overhead_s >= 0
     assert not result.factors.overlap
+    # the embedded engine's draft forwards are probed as forwards: no fitted per-draft-step cost
+    # (the GPU engines' draft_step_overhead_s), so the CPU prediction is what it was
+    assert result.factors.draft_step_overhead_s == 0.0
     assert set(result.layer_ms) == set(GRID)
     assert "GB/s" in result.describe()

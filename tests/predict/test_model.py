@@ -111,9 +111,9 @@ def test_roofline_memory_bound_at_batch_1_compute_bound_large(h100: Hardware) ->
     f = ENGINE_DEFAULTS["trtllm"]
     small = forward_cost(geom, h100, f, 1, 1, 1024)
     assert small.bound == "memory"
-    # 16 GB of bf16 weights at 75 % of 3.35 TB/s: about 6 ms
+    # 16 GB of bf16 weights at the engine's achieved share of 3.35 TB/s: about 5 ms
     assert small.memory_s == pytest.approx(
-        (7.5e9 * 2 + 1024 * 2 * 32 * 8 * 128 * 2) / (3.35e12 * 0.75)
+        (7.5e9 * 2 + 1024 * 2 * 32 * 8 * 128 * 2) / (3.35e12 * f.bw_fraction)
     )
     big = forward_cost(geom, h100, f, 512, 8, 1024)
     assert big.bound == "compute"
@@ -199,7 +199,20 @@ def test_methods_draft_costs(h100: Hardware) -> None:
     mtp = Setup(target=target, method="mtp", hardware=h100, factors=f)
     assert ngram.draft_time(4, 3, 2.0, 0.2) == 0.0
     one_layer = forward_cost(target.with_layers(1), h100, f, 4, 1, 1024).seconds
-    assert mtp.draft_time(4, 3, 2.0, 0.2) == pytest.approx(3 * one_layer)
+    # k forwards of the MTP layer, each with the engine's per-draft-step overhead
+    assert f.draft_step_overhead_s > 0
+    assert mtp.draft_time(4, 3, 2.0, 0.2) == pytest.approx(
+        3 * (one_layer + f.draft_step_overhead_s)
+    )
+    free = Setup(target=target, method="mtp", hardware=h100, factors=f.but(draft_step_overhead_s=0))
+    assert free.draft_time(4, 3, 2.0, 0.2) == pytest.approx(3 * one_layer)
+    # a drafter or head: k forwards (the first over the confirmed tokens) + k step overheads
+    head = target.with_layers(1, name="head")
+    eagle = Setup(target=target, method="eagle3", hardware=h100, factors=f, drafter=head)
+    first = forward_cost(head, h100, f, 4, 2.0, 1024).seconds
+    one = forward_cost(head, h100, f, 4, 1, 1024).seconds
+    expected = first + 2 * one + 3 * f.draft_step_overhead_s
+    assert eagle.draft_time(4, 3, 2.0, 0.2) == pytest.approx(expected)
     with pytest.raises(BadInputError, match="needs the drafter"):
         Setup(target=target, method="draft_model", hardware=h100, factors=f)
 
