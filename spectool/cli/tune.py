@@ -266,7 +266,7 @@ def tune(
     """Measure baseline and speculation per concurrency; write the best draft length per
     concurrency (draft_len_schedule), decision.json, tune.json, report.md and plots to --out.
 
-    No arguments: the demo profile's three methods on the embedded engine, compared (about 5-6
+    No arguments: the demo profile's four methods on the embedded engine, compared (about 5-10
     minutes on 2 CPU cores). Main options first; the other panels follow a run's order.
     """
     from spectool.decide.slo import parse_slo

@@ -48,7 +48,8 @@ class DecisionCell(BaseModel):
     ci_low: float
     ci_high: float
     verdict: Literal["pays", "does_not_pay", "inconclusive"]
-    # "predicted": from the step-cost model (tune --predict-only), no interval
+    # "predicted": from the step-cost model (tune --predict-only); its interval is the model's
+    # leave-one-source-out band (spectool.predict.interval), not a measurement's
     source: Literal["measured", "predicted"] = "measured"
 
     def describe(self) -> str:
