@@ -209,6 +209,22 @@ def paired_estimate(
         float(stats.norm.ppf(1.0 - alpha / 2.0)) * within_se,
     )
     low, high = ratio * math.exp(-half), ratio * math.exp(half)
+    return _estimate(cell, source, (ratio, low, high), d, spread, within_se, confidence, looks)
+
+
+def _estimate(
+    cell: PairedCell,
+    source: Source,
+    interval: tuple[float, float, float],
+    d: np.ndarray,
+    spread: float,
+    within_se: float,
+    confidence: float,
+    looks: int,
+) -> PairedEstimate:
+    """The estimate ``(ratio, low, high)`` of ``cell`` with its pairs' ``d_i`` and the drift
+    of each arm from its first block to its last."""
+    ratio, low, high = interval
     firsts, lasts = cell.pairs[0], cell.pairs[-1]
     return PairedEstimate(
         ratio=ratio,
@@ -273,24 +289,9 @@ def quantile_estimate(
     low, high = (math.exp(x) for x in np.quantile(boot, [alpha / 2.0, 1.0 - alpha / 2.0]))
     low, high = min(low, ratio), max(high, ratio)
     d = np.log([np.percentile(s, q) / np.percentile(b, q) for s, b in zip(spec, base, strict=True)])
-    firsts, lasts = cell.pairs[0], cell.pairs[-1]
-    return PairedEstimate(
-        ratio=ratio,
-        ci_low=low,
-        ci_high=high,
-        verdict=verdict_for(low, high),
-        design=cell.design,
-        source=source,
-        log_ratios=tuple(float(x) for x in d),
-        spread=float(d.std(ddof=1)) if n > 1 else 0.0,
-        within_se=float(boot.std(ddof=1)),
-        drift_base=_ms_per_token(lasts.base, source) / _ms_per_token(firsts.base, source),
-        drift_spec=_ms_per_token(lasts.spec, source) / _ms_per_token(firsts.spec, source),
-        confidence=confidence,
-        looks=looks,
-        prompts_covered=cell.prompts_covered,
-        workload_prompts=cell.workload_prompts,
-    )
+    spread = float(d.std(ddof=1)) if n > 1 else 0.0
+    within = float(boot.std(ddof=1))
+    return _estimate(cell, source, (ratio, low, high), d, spread, within, confidence, looks)
 
 
 def weighted_ratio(log_ratios: np.ndarray, weights: np.ndarray) -> tuple[float, float]:
