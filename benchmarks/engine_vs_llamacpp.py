@@ -3,8 +3,9 @@
 What a CPU user would pick instead of spectool's engine is llama.cpp, so this is the bar:
 
 1. The demo target is written to GGUF with the ``gguf`` package (F16 and F32 files; names and
-   the q/k row permutation as llama.cpp's ``convert_hf_to_gguf.py``, ``LlamaModel``, llama.cpp
-   b6500-era: Hugging Face's rotate-half rotary layout is permuted into GGML's interleaved one).
+   the q/k row permutation as ``LlamaModel.permute`` in llama.cpp's ``convert_hf_to_gguf.py``:
+   Hugging Face's rotate-half rotary layout into GGML's interleaved one; checked by
+   tests/test_bench_gguf_rotary.py against both rotations written out).
    Greedy tokens of both engines are compared on ``--prompts`` prompts (16 by default): token
    ids go in and come out on both sides, so tokenizers play no part.
 2. Batch-1 greedy decode and prompt-lookup speculative decode (spectool's ``ngram`` proposer
@@ -21,7 +22,7 @@ What a CPU user would pick instead of spectool's engine is llama.cpp, so this is
 4. The batched curve: the engine's decode tokens/s at batch 1..32 beside the floor at each batch.
 
 llama-cpp-python is an optional benchmark dependency (``pip install gguf llama-cpp-python``; it
-compiles llama.cpp, ~10-15 minutes on 2 cores). Without it the floor, profile and curve still
+compiles llama.cpp, about 18 minutes on 2 busy cores). Without it the floor, profile and curve still
 run and the llama.cpp columns are skipped with the reason.
 
     python benchmarks/engine_vs_llamacpp.py [--rounds 5] [--prompts 16] [--max-tokens 128]
