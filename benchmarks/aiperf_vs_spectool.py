@@ -12,7 +12,9 @@ same server work request by request; with open-loop arrivals on both sides the o
 requests (and so TPOT) would depend on each tool's random arrival draw.
 
 ``--open-loop``: spectool's side sends at ``--rate`` too (Poisson, as a tune rate level does)
-instead of a closed loop, so both tools pace the same way (their random draws differ).
+instead of a closed loop, so both tools pace the same way (their random draws differ); give
+AIPerf a ``--concurrency`` ceiling above what the rate keeps in flight, or its ceiling turns
+its pacing into a closed loop (at ``--concurrency 1`` no two of its requests overlap).
 ``--trace FILE``: both tools read the same mooncake/AIPerf trace (AIPerf's ``mooncake_trace``
 dataset with ``--fixed-schedule``; spectool's ``--workload`` reader, replayed at the trace's
 timestamps as tune's trace level does) against the demo target served without speculation
@@ -229,9 +231,10 @@ def main() -> int:
             checks[f"{name} within 10%"] = abs(s / a - 1.0) <= AGREE
     acceptance = [row["acceptance_length"] for row in rows["aiperf"]]
     print(f"AIPerf acceptance length per round: {acceptance}")
-    checks["AIPerf reports the acceptance length"] = all(
-        a is not None and a > 1.0 for a in acceptance
-    )
+    if args.trace is None:  # a trace replay runs the target without speculation
+        checks["AIPerf reports the acceptance length"] = all(
+            a is not None and a > 1.0 for a in acceptance
+        )
     for name, ok in checks.items():
         print(f"{'PASS' if ok else 'FAIL'}: {name}")
     (args.out / "aiperf_vs_spectool.json").write_text(
