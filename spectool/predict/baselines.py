@@ -18,7 +18,6 @@ Only baseline rows enter here; the speculative parts are fitted afterwards on ``
 
 from __future__ import annotations
 
-import csv
 import math
 import statistics
 from collections.abc import Mapping
@@ -29,6 +28,7 @@ from typing import Any
 from spectool.errors import BadInputError
 from spectool.predict.cost import EngineFactors, forward_cost
 from spectool.predict.model import Setup
+from spectool.predict.published import read_csv_rows
 
 STATIC = "static"
 SINGLE_STREAM = "single-stream"
@@ -59,11 +59,7 @@ class BaselineRow:
 def load_baselines(folder: Path) -> list[BaselineRow]:
     """Every row of ``folder/baselines.csv``; errors name the file and the line."""
     path = folder / "baselines.csv"
-    try:
-        with path.open(encoding="utf-8", newline="") as fh:
-            raw = list(csv.DictReader(fh))
-    except OSError as exc:
-        raise BadInputError(path, f"cannot read: {exc}") from exc
+    raw = read_csv_rows(path)
     rows = []
     for i, r in enumerate(raw, start=2):
         try:

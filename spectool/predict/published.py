@@ -98,14 +98,19 @@ def _float(value: str) -> float | None:
     return float(value) if value.strip() else None
 
 
+def read_csv_rows(path: Path) -> list[dict[str, str]]:
+    """The rows of a CSV table with a header line; an unreadable file is a BadInputError."""
+    try:
+        with path.open(encoding="utf-8", newline="") as fh:
+            return list(csv.DictReader(fh))
+    except OSError as exc:
+        raise BadInputError(path, f"cannot read: {exc}") from exc
+
+
 def load_rows(folder: Path) -> list[PublishedRow]:
     """Every row of ``folder/results.csv``; errors name the file and the row."""
     path = folder / "results.csv"
-    try:
-        with path.open(encoding="utf-8", newline="") as fh:
-            raw = list(csv.DictReader(fh))
-    except OSError as exc:
-        raise BadInputError(path, f"cannot read: {exc}") from exc
+    raw = read_csv_rows(path)
     rows = []
     for i, r in enumerate(raw, start=2):
         try:
