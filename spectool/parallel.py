@@ -46,6 +46,25 @@ class ParallelLayout:
             "enable_attention_dp": self.attention_dp,
         }
 
+    def serve_flags(self) -> list[str]:
+        """The ``trtllm-serve`` flags for this layout.
+
+        From the ``serve`` command's click options in TensorRT-LLM's
+        ``tensorrt_llm/commands/serve.py`` (the stored version with ``--cluster_size``):
+        ``--tp_size``, ``--pp_size``, ``--ep_size``, ``--gpus_per_node``. Attention DP has no flag
+        there; it travels in the ``--extra_llm_api_options`` YAML (:meth:`llm_api_fields`).
+        """
+        return [
+            "--tp_size",
+            str(self.tp),
+            "--pp_size",
+            str(self.pp),
+            "--ep_size",
+            str(self.ep),
+            "--gpus_per_node",
+            str(self.gpus_per_node),
+        ]
+
 
 def validate_layout(
     layout: ParallelLayout,

@@ -25,6 +25,9 @@ def test_llama405b_tp8_pp2_on_two_nodes():
     validate_layout(layout, **L405)
     assert layout.world_size == 16
     assert layout.llm_api_fields()["pipeline_parallel_size"] == 2
+    flags = layout.serve_flags()
+    assert flags[flags.index("--pp_size") + 1] == "2"
+    assert flags[flags.index("--gpus_per_node") + 1] == "8"
 
 
 @pytest.mark.parametrize(
