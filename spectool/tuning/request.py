@@ -260,6 +260,12 @@ def resolve(req: TuneRequest) -> ResolvedTune:
     """
     _check_numbers(req)
     engine = resolve_engine(req.engine)
+    if engine != "torch" and (req.request_rates or req.capacity):
+        raise BadInputError(  # before anything is measured (spectool.tuning.deployed)
+            "--request-rate" if req.request_rates else "--capacity",
+            "runs on the embedded engine (--engine torch) for now: TensorRT-LLM restarts a "
+            "server per arm, which open-loop pairs cannot bridge yet",
+        )
     defaults = ENGINE_DEFAULTS[engine]
     concurrencies = req.concurrencies or defaults.concurrencies
     if min(concurrencies) < 1:

@@ -222,3 +222,16 @@ def test_a_rate_level_and_capacity_end_to_end_resumed_and_served(
     report = (out / "report.md").read_text()
     assert "## At your arrival rates" in report and "## Capacity at the SLO" in report
     assert json.loads((out / "decision.json").read_text())["capacity"]["slo"] == found["slo"]
+
+
+def test_rates_and_capacity_are_refused_on_tensorrt_llm_before_measuring() -> None:
+    from spectool.decide.slo import parse_slo
+    from spectool.tuning.request import TuneRequest, resolve
+
+    base = {"target": "spectool:demo-target", "drafter": "spectool:demo-drafter"}
+    with pytest.raises(BadInputError, match="--request-rate"):
+        resolve(TuneRequest(**base, engine="trtllm", request_rates=(2.0,)))
+    with pytest.raises(BadInputError, match="--capacity"):
+        resolve(TuneRequest(**base, engine="trtllm", capacity=True, slo=parse_slo("tpot:30")))
+    with pytest.raises(BadInputError, match="give both"):
+        resolve(TuneRequest(**base, engine="torch", capacity=True))
