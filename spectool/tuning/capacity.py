@@ -219,21 +219,15 @@ def sentence(state: Search) -> str:
 
 def write_capacity(out: Path, state: Search, slo: Sequence[SloTerm]) -> list[Path]:
     """``capacity.json``, the report's section and (with matplotlib) ``capacity.png``."""
+    from spectool.tuning.deployed import add_to_decision, put_report_section
+
     body = summary(state, slo)
     written = [atomic_write_text(out / CAPACITY_NAME, json.dumps(body, indent=2) + "\n")]
-    decision = out / "decision.json"
-    if decision.is_file():
-        data = json.loads(decision.read_text(encoding="utf-8"))
-        data["capacity"] = {k: body[k] for k in ("slo", "deployed", "baseline")}
-        written.append(atomic_write_text(decision, json.dumps(data, indent=2) + "\n"))
+    written += add_to_decision(
+        out, {"capacity": {k: body[k] for k in ("slo", "deployed", "baseline")}}
+    )
     plot = plot_capacity(state, out / PLOT_NAME)
-    report = out / "report.md"
-    if report.is_file():
-        text = report.read_text(encoding="utf-8")
-        cut = text.find(SECTION)
-        text = (text if cut < 0 else text[:cut]).rstrip("\n") + "\n\n"
-        lines = report_lines(state, slo, plotted=plot is not None)
-        written.append(atomic_write_text(report, text + "\n".join(lines) + "\n"))
+    written += put_report_section(out, report_lines(state, slo, plotted=plot is not None))
     return written + ([plot] if plot is not None else [])
 
 

@@ -118,3 +118,35 @@ def rebuild(resolved: ResolvedTune, out: Path) -> list[Path]:
 
     decided = json.loads(decision.read_text(encoding="utf-8"))["max_draft_len"]
     return list(build_for_decision(resolved, decision, decided)[0])
+
+
+def add_to_decision(out: Path, fields: Mapping[str, Any]) -> list[Path]:
+    """``fields`` added to ``out/decision.json`` (atomically); nothing when there is none."""
+    from spectool.io import atomic_write_text
+
+    decision = out / "decision.json"
+    if not decision.is_file():
+        return []
+    data = {**json.loads(decision.read_text(encoding="utf-8")), **fields}
+    return [atomic_write_text(decision, json.dumps(data, indent=2) + "\n")]
+
+
+def put_report_section(out: Path, lines: list[str]) -> list[Path]:
+    """The section ``lines`` (its ``## `` heading first) in ``out/report.md``: in place of the
+    one with that heading, up to the next ``## `` heading, else at the end; nothing when there
+    is no report."""
+    from spectool.io import atomic_write_text
+
+    report = out / "report.md"
+    if not report.is_file():
+        return []
+    text = report.read_text(encoding="utf-8")
+    section = "\n".join(lines).rstrip("\n") + "\n"
+    start = text.find(lines[0])
+    if start < 0:
+        text = text.rstrip("\n") + "\n\n" + section
+    else:
+        end = text.find("\n## ", start + len(lines[0]))
+        rest = "" if end < 0 else "\n" + text[end + 1 :]
+        text = text[:start] + section + rest
+    return [atomic_write_text(report, text)]

@@ -276,50 +276,36 @@ def write_rates(
     out: Path, cells: Sequence[RateCell], *, objective: str, schedule: Mapping[int, int]
 ) -> list[Path]:
     """``rates.json``, ``decision.json``'s ``rates`` and a section of ``report.md``."""
+    from spectool.tuning.deployed import add_to_decision, put_report_section
+
+    lost = stops_paying(cells)
     body = {
         "objective": objective,
         "schedule": {str(b): k for b, k in sorted(schedule.items())},
         "levels": [c.to_json() for c in cells],
-        "stops_paying_at_rate": (lambda c: None if c is None else c.level.rate_per_s)(
-            stops_paying(cells)
-        ),
+        "stops_paying_at_rate": None if lost is None else lost.level.rate_per_s,
     }
     written = [atomic_write_text(out / RATES_NAME, json.dumps(body, indent=2) + "\n")]
     plot = plot_rates(cells, out / PLOT_NAME)
     if plot is not None:
         written.append(plot)
-    decision = out / "decision.json"
-    if decision.is_file():
-        data = json.loads(decision.read_text(encoding="utf-8"))
-        data["rates"] = [
-            {
-                key: c.to_json()[key]
-                for key in (
-                    "rate_per_s",
-                    "burstiness",
-                    "trace",
-                    "objective_ratio",
-                    "ci_low",
-                    "ci_high",
-                    "verdict",
-                    "in_flight_base",
-                    "in_flight_spec",
-                )
-            }
-            for c in cells
-        ]
-        data["rates_objective"] = objective
-        written.append(atomic_write_text(decision, json.dumps(data, indent=2) + "\n"))
-    report = out / "report.md"
-    if report.is_file():
-        text = report.read_text(encoding="utf-8")
-        cut = text.find(SECTION)
-        text = (text if cut < 0 else text[:cut]).rstrip("\n") + "\n\n"
-        lines = report_lines(cells, objective)
-        if plot is not None:
-            lines += ["", f"![latency against the arrival rate]({PLOT_NAME})"]
-        written.append(atomic_write_text(report, text + "\n".join(lines) + "\n"))
-    return written
+    kept = (
+        "rate_per_s",
+        "burstiness",
+        "trace",
+        "objective_ratio",
+        "ci_low",
+        "ci_high",
+        "verdict",
+        "in_flight_base",
+        "in_flight_spec",
+    )
+    rates = [{key: c.to_json()[key] for key in kept} for c in cells]
+    written += add_to_decision(out, {"rates": rates, "rates_objective": objective})
+    lines = report_lines(cells, objective)
+    if plot is not None:
+        lines += ["", f"![latency against the arrival rate]({PLOT_NAME})"]
+    return written + put_report_section(out, lines)
 
 
 SECTION = "## At your arrival rates"

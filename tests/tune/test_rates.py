@@ -235,3 +235,23 @@ def test_rates_and_capacity_are_refused_on_tensorrt_llm_before_measuring() -> No
         resolve(TuneRequest(**base, engine="trtllm", capacity=True, slo=parse_slo("tpot:30")))
     with pytest.raises(BadInputError, match="give both"):
         resolve(TuneRequest(**base, engine="torch", capacity=True))
+
+
+def test_a_report_section_is_replaced_in_place_or_appended(tmp_path: Path) -> None:
+    from spectool.tuning.deployed import add_to_decision, put_report_section
+
+    report = tmp_path / "report.md"
+    report.write_text("# tune\n\n## At your arrival rates\n\nold\n\n## Capacity at the SLO\n\nc\n")
+    put_report_section(tmp_path, ["## At your arrival rates", "", "new"])
+    assert report.read_text() == (
+        "# tune\n\n## At your arrival rates\n\nnew\n\n## Capacity at the SLO\n\nc\n"
+    )
+    put_report_section(tmp_path, ["## Later", "", "x"])
+    assert report.read_text().endswith("\n\nc\n\n## Later\n\nx\n")
+    assert put_report_section(tmp_path / "none", ["## A"]) == []
+    (tmp_path / "decision.json").write_text('{"schedule": {"1": 2}}')
+    add_to_decision(tmp_path, {"rates": []})
+    assert json.loads((tmp_path / "decision.json").read_text()) == {
+        "schedule": {"1": 2},
+        "rates": [],
+    }
