@@ -269,7 +269,7 @@ def tune(
     No arguments: the demo profile's four methods on the embedded engine, compared (about 5-10
     minutes on 2 CPU cores). Main options first; the other panels follow a run's order.
     """
-    from spectool.decide.slo import parse_slo
+    from spectool.decide.slo import parse_slo, resolve_objective
     from spectool.tuning.rates import parse_rates
     from spectool.tuning.request import TuneRequest, parse_concurrencies
 
@@ -303,7 +303,7 @@ def tune(
         seed=seed,
         min_gain=min_gain,
         budget_s=budget,
-        objective=objective,
+        objective=resolve_objective(objective, parse_slo(slo)),
         temperature=temperature,
         top_p=top_p,
         time_scale=time_scale,

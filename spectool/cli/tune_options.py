@@ -137,8 +137,9 @@ ObjectiveOpt = Annotated[
         help="What decides, paired per cell from the client's records of both arms: tpot "
         "(time per output token after the first, what each user feels), e2e (request latency), "
         "ttft, their tails tpot@p90, tpot@p99, e2e@p90, e2e@p99, ttft@p90, ttft@p99 (each "
-        "arm's blocks pooled), throughput, or steps (the engine's decode steps, the cost "
-        "inequality).",
+        "arm's blocks pooled), throughput, goodput (requests per second that met every "
+        "--slo limit, vLLM's --goodput; needs --slo), or steps (the engine's decode steps, "
+        "the cost inequality).",
         rich_help_panel=LOAD,
     ),
 ]
@@ -203,8 +204,10 @@ SloOpt = Annotated[
     str | None,
     typer.Option(
         "--slo",
-        help="Service-level objective for --capacity: terms metric:LIMIT, each optionally @pQ, e.g. "
-        "ttft:200ms,tpot:30ms@p99,e2e:2s (ms when no unit; p99 when no percentile).",
+        help="Service-level objective for --capacity and --objective goodput: terms "
+        "metric:LIMIT, each optionally @pQ, e.g. ttft:200ms,tpot:30ms@p99,e2e:2s (ms when no "
+        "unit; p99 when no percentile). --capacity holds each term's percentile to its limit; "
+        "goodput counts the requests that met every limit on their own (percentiles unused).",
         show_default="(none)",
         rich_help_panel=LOAD,
     ),

@@ -40,6 +40,7 @@ import numpy as np
 from spectool.decide.acceptance import expected_tokens_per_step
 from spectool.decide.cell import CellMeasurement, IterationSample
 from spectool.decide.latency import MS_PER_S, RequestRecord
+from spectool.decide.slo import goodput_terms, parse_slo
 from spectool.decide.verdict import CellVerdict, PairedEstimate, Source, verdict_for
 from spectool.errors import BadInputError
 
@@ -73,6 +74,8 @@ def source_terms(cell: CellMeasurement, source: Source) -> tuple[np.ndarray, np.
         return iteration_terms(cell.iterations)
     if source == "requests":
         return request_terms(cell.records)
+    if source.startswith("goodput:"):
+        return goodput_terms(cell.records, parse_slo(source.split(":", 1)[1]))
     used = usable_requests(cell.records)
     if source == "e2e":
         num = [r.e2e_s * MS_PER_S for r in used]

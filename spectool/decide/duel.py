@@ -30,7 +30,7 @@ import numpy as np
 from spectool.decide.cell import CellMeasurement
 from spectool.decide.cost import source_terms
 from spectool.decide.paired import weighted_ratio
-from spectool.decide.verdict import OBJECTIVES, Source
+from spectool.decide.verdict import Source, objective_source
 from spectool.errors import BadInputError
 
 MIN_PAIRS = 2
@@ -119,9 +119,7 @@ def duel_estimate(
     ks = (pairs[0].a.k, pairs[0].b.k)
     if any((p.a.concurrency, p.a.k, p.b.k) != (c, *ks) for p in pairs):
         raise BadInputError("head-to-head", "pairs of different cells")
-    if objective not in OBJECTIVES:
-        raise BadInputError("--objective", f"unknown objective {objective!r}")
-    source: Source = OBJECTIVES[objective] or (
+    source: Source = objective_source(objective) or (
         "iterations" if all(p.a.iterations and p.b.iterations for p in pairs) else "requests"
     )
     logs, tokens = [], []

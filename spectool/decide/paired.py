@@ -52,12 +52,12 @@ from spectool.decide.cost import (
     source_terms,
 )
 from spectool.decide.verdict import (
-    OBJECTIVES,
     QUANTILES,
     CellVerdict,
     Design,
     PairedEstimate,
     Source,
+    objective_source,
     verdict_for,
 )
 from spectool.errors import BadInputError
@@ -124,9 +124,7 @@ def _terms(spec: CellMeasurement, base: CellMeasurement, source: Source) -> tupl
 def pair_source(pairs: Sequence[BlockPair], objective: str = "steps") -> Source:
     """What ``objective`` compares (:data:`~spectool.decide.verdict.OBJECTIVES`); for
     ``steps``, iterations when every block has them, else requests."""
-    if objective not in OBJECTIVES:
-        raise BadInputError("--objective", f"unknown objective {objective!r}")
-    fixed = OBJECTIVES[objective]
+    fixed = objective_source(objective)
     if fixed is not None:
         return fixed
     if all(p.spec.iterations and p.base.iterations for p in pairs):
@@ -332,10 +330,7 @@ def bracketed_estimate(
     intervals against each one alone, so a baseline that moved between the two brackets widens
     it by as much as it moved. ``objective``: what is compared (see :func:`pair_source`).
     """
-    fixed = OBJECTIVES.get(objective, "missing")
-    if fixed == "missing":
-        raise BadInputError("--objective", f"unknown objective {objective!r}")
-    source: Source = fixed or (  # type: ignore[assignment]
+    source: Source = objective_source(objective) or (
         "iterations" if spec.iterations and before.iterations and after.iterations else "requests"
     )
     rng = np.random.default_rng([seed, spec.concurrency, spec.k, 11])

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from spectool.decide.latency import MS_PER_S, RequestRecord
+from spectool.decide.latency import MS_PER_S, RequestRecord, is_good
+from spectool.decide.verdict import GOODPUT, goodput_objective
 from spectool.errors import BadInputError
 
 METRICS = ("ttft", "tpot", "e2e")
@@ -58,6 +59,46 @@ def parse_slo(text: str | None) -> tuple[SloTerm, ...]:
             raise BadInputError("--slo", f"{metric} is given twice")
         terms.append(SloTerm(metric, limit, percentile))
     return tuple(terms)
+
+
+def resolve_objective(objective: str, terms: Sequence[SloTerm]) -> str:
+    """``--objective`` as tune carries it: ``goodput`` becomes ``goodput:<slo>`` (the SLO
+    travels with the objective into every estimate), which needs ``--slo``."""
+    if objective != GOODPUT:
+        return objective
+    if not terms:
+        raise BadInputError("--objective", "goodput counts requests within --slo: give --slo")
+    return goodput_objective(",".join(f"{t.metric}:{t.limit_ms:g}ms" for t in terms))
+
+
+def good_requests(records: Sequence[RequestRecord], terms: Sequence[SloTerm]) -> np.ndarray:
+    """Per record, 1.0 when it succeeded and met every term's limit on its own, else 0.0.
+
+    vLLM's goodput test (``vllm/benchmarks/serve.py`` ``calculate_metrics`` with
+    ``goodput_config_dict``: a request is good when each of its TTFT, TPOT and E2E is at or
+    below its ``--goodput`` limit, as :func:`~spectool.decide.latency.is_good`): per request, so a term's percentile (which binds a run, :func:`meets`) plays no part.
+    """
+    kwargs = {f"slo_{t.metric}_ms": t.limit_ms for t in terms}
+    return np.array([float(is_good(r, **kwargs)) for r in records], dtype=float)
+
+
+def goodput_terms(
+    records: Sequence[RequestRecord], terms: Sequence[SloTerm]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per record, its share of the block's wall time (ms) and whether it was good.
+
+    The ratio of their sums is the block's wall time per good request, the inverse of its
+    goodput (good requests / wall time, as vLLM counts it), so a ratio below 1 between two
+    arms pays, as for every other source. Half a good request is added per block (spread over
+    its records): a block where none met the SLO has a finite, very long time per good request
+    instead of none, and two such blocks compare as equal, not as undefined.
+    """
+    n = len(records)
+    if n == 0:
+        return np.zeros(0), np.zeros(0)
+    span_s = max(r.end_time_s for r in records) - min(r.send_time_s for r in records)
+    num = np.full(n, max(span_s, 0.0) * MS_PER_S / n)
+    return num, good_requests(records, terms) + 0.5 / n
 
 
 def _values_ms(records: Sequence[RequestRecord], metric: str) -> np.ndarray:

@@ -166,8 +166,9 @@ def stall_notes(
                     else "users gain more than the steps: requests that finish sooner also "
                     "spend less time waiting behind other requests' prefills and in the queue"
                 )
+                words = _SOURCE_WORDS.get(verdict.source, "wall time per request within the SLO")
                 notes.append(
-                    f"concurrency {c}, k={k}: users' {_SOURCE_WORDS[verdict.source]} (what "
+                    f"concurrency {c}, k={k}: users' {words} (what "
                     f"decided) is {verdict.ratio:.2f} of the baseline's, decode steps alone cost "
                     f"{steps:.2f} per token: {why}"
                 )

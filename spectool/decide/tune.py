@@ -84,7 +84,7 @@ from spectool.decide.search import (
     server_order,
     speculative_batches,
 )
-from spectool.decide.verdict import OBJECTIVES, CellVerdict
+from spectool.decide.verdict import CellVerdict, objective_source
 from spectool.errors import BadInputError
 
 MeasureFn = Callable[[int, int], "CellMeasurement | PairedCell"]
@@ -267,7 +267,7 @@ def tune(
             n_boot=n_boot,
             confidence=confidence,
             seed=seed,
-            source=OBJECTIVES[objective],
+            source=objective_source(objective),
         )
 
     def decide() -> tuple[tuple[CellVerdict, ...], dict[int, int], dict[int, int]]:

@@ -9,12 +9,16 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from spectool.errors import BadInputError
+
 Verdict = Literal["pays", "does_not_pay", "inconclusive"]
 # What a ratio compares: the engine's decode steps (``iterations``), or the client's records
 # of the requests: time per output token after the first (``requests``, the users' TPOT),
 # request latency (``e2e``), time to the first token (``ttft``), or request time per output
-# token (``throughput``: in a closed loop throughput is concurrency x tokens / request time).
-Source = Literal["iterations", "requests", "e2e", "ttft", "throughput"]
+# token (``throughput``: in a closed loop throughput is concurrency x tokens / request time),
+# or a block's wall time per request that met every SLO (``goodput:<slo>``, vLLM's goodput:
+# the source string carries its SLO terms, :func:`goodput_objective`).
+Source = Literal["iterations", "requests", "e2e", "ttft", "throughput"] | str
 
 # tune's --objective: the users' metric that decides, and the source it compares
 # (``steps``: the engine's decode steps where both blocks have them, else the requests).
@@ -32,6 +36,26 @@ QUANTILES: dict[str, float] = {
 }
 OBJECTIVES.update({name: OBJECTIVES[name.split("@")[0]] for name in QUANTILES})
 DEFAULT_OBJECTIVE = "tpot"
+GOODPUT = "goodput"
+
+
+def goodput_objective(slo_text: str) -> str:
+    """The objective (and source) ``goodput:<slo>``: requests per second that met every term
+    of ``--slo`` (vLLM's ``--goodput``); ``slo_text``: the terms' limits, ``tpot:30ms,...``."""
+    return f"{GOODPUT}:{slo_text}"
+
+
+def objective_source(objective: str) -> Source | None:
+    """What ``objective`` compares (None: the steps, iterations where both arms have them);
+    an unknown objective is an error naming ``--objective``."""
+    if objective.startswith(f"{GOODPUT}:"):
+        return objective
+    if objective not in OBJECTIVES:
+        known = ", ".join([*OBJECTIVES, GOODPUT])
+        raise BadInputError("--objective", f"{objective!r} is not one of {known}")
+    return OBJECTIVES[objective]
+
+
 Design = Literal["interleaved", "bracketed", "unpaired"]
 
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from spectool import methods
 from spectool.check import DEFAULT_MAX_SEQ_LEN as CHECK_DEFAULT_MAX_SEQ_LEN
 from spectool.check import CheckReport, PairOptions, run_check
-from spectool.decide.verdict import DEFAULT_OBJECTIVE, OBJECTIVES
+from spectool.decide.verdict import DEFAULT_OBJECTIVE, OBJECTIVES, objective_source
 from spectool.errors import BadInputError, IncompatibleError
 from spectool.tuning.pairing import DEFAULT_BUDGET_S
 
@@ -222,14 +222,14 @@ def _check_numbers(req: TuneRequest) -> None:
         raise BadInputError(
             "--burstiness", "shapes the arrivals of --request-rate or --capacity; give one"
         )
-    if req.capacity != bool(req.slo):
+    if req.capacity and not req.slo:
         raise BadInputError(
-            "--slo" if req.slo else "--capacity",
-            "--capacity finds the highest rate within --slo: give both",
+            "--capacity", "--capacity finds the highest rate within --slo: give both"
         )
-    if req.objective not in OBJECTIVES:
+    goodput = objective_source(req.objective) not in OBJECTIVES.values()
+    if req.slo and not (req.capacity or goodput):
         raise BadInputError(
-            "--objective", f"{req.objective!r} is not one of {', '.join(OBJECTIVES)}"
+            "--slo", "sets the limits of --capacity or of --objective goodput: give one"
         )
     if req.threads is not None and req.threads < 1:
         raise BadInputError("--threads", f"must be >= 1, got {req.threads}")
