@@ -2,7 +2,7 @@
 
 Starts ``spectool serve --engine torch`` (the demo pair, draft_model k=4, 127.0.0.1), writes
 tune's built-in prompts as an AIPerf ``single_turn`` file (each with its output length), then
-runs, interleaved A B A B (``--rounds`` times): AIPerf (``aiperf profile``, paced with
+runs, interleaved A B, B A (``--rounds`` times): AIPerf (``aiperf profile``, paced with
 ``--request-rate`` under a ``--concurrency`` ceiling so the client is not the bottleneck on 2
 cores, streaming completions, ``ignore_eos`` and ``min_tokens`` so every request has the same
 length) and spectool's own load generator (:func:`spectool.measure.runner.measure`, a
@@ -19,12 +19,19 @@ its pacing into a closed loop (at ``--concurrency 1`` no two of its requests ove
 dataset with ``--fixed-schedule``; spectool's ``--workload`` reader, replayed at the trace's
 timestamps as tune's trace level does) against the demo target served without speculation
 (each tool synthesises its own text for the trace's lengths, and without speculation the work
-per request depends on the lengths alone).
+per request depends on the lengths alone). ``--poisson-trace``: the benchmark writes that
+trace itself, ``OUT/trace.jsonl``: tune's built-in prompts as ``text_input`` rows (the literal
+prompt, which AIPerf 0.13's mooncake_trace sends as is and spectool's reader reads) at Poisson
+send times of ``--rate`` (seeded), each with ``--max-tokens``; both tools then send the same
+texts at the same times to the server with speculation on, so the server does the same work
+for both and only the clients differ.
 
 Prints TTFT (mean, p50) and TPOT (AIPerf's ITL = (E2E - TTFT) / (OSL - 1), the same formula as
 spectool's TPOT) per tool and round, their ratios, and the acceptance length AIPerf read from
 the server's per-request ``metrics.speculative_decoding``. Exit 0 when the tools agree within
-10% on TTFT and TPOT (medians over rounds) and AIPerf reports an acceptance length, 1 otherwise.
+10% on TTFT and TPOT (the median over rounds of each round's spectool / AIPerf ratio: the
+two tools run back to back in a round, so the machine's drift between rounds cancels) and
+AIPerf reports an acceptance length, 1 otherwise.
 
 AIPerf is not a dependency of spectool: install it in a separate environment
 (``python -m venv /tmp/aiperf && /tmp/aiperf/bin/pip install 'aiperf==0.13.*'``) and pass
@@ -139,6 +146,21 @@ def run_spectool(url: str, model: str, prompts, args, out: Path, seed: int) -> d
     }
 
 
+def write_poisson_trace(path: Path, prompts, args) -> Path:  # noqa: ANN001
+    """The prompts as mooncake ``text_input`` rows at Poisson send times of ``args.rate``."""
+    import random
+
+    rng = random.Random(0)  # noqa: S311 (a reproducible schedule, not a secret)
+    t_ms, rows = 0.0, []
+    for p in prompts:
+        rows.append(
+            {"timestamp": round(t_ms, 3), "text_input": p.text, "output_length": args.max_tokens}
+        )
+        t_ms += rng.expovariate(args.rate) * 1000.0
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--aiperf", default="aiperf", help="the aiperf executable")
@@ -150,8 +172,15 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("out/aiperf"))
     parser.add_argument("--open-loop", action="store_true", help="spectool paced at --rate too")
     parser.add_argument("--trace", type=Path, help="a mooncake trace both tools replay")
+    parser.add_argument(
+        "--poisson-trace",
+        action="store_true",
+        help="write OUT/trace.jsonl (built-in prompts as text_input at Poisson --rate) and "
+        "replay it in both tools, speculation on",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    literal = args.poisson_trace  # the trace carries the texts: keep speculation on
 
     from spectool.measure.client import tokenizer_counter
     from spectool.tuning.prompts import tune_prompts
@@ -162,6 +191,8 @@ def main() -> int:
         None, args.requests, count_tokens=tokenizer_counter(target), max_prompt_tokens=900, seed=0
     )
     prompts = list(built.prompts)  # each request asks for --max-tokens (the trial's length)
+    if args.poisson_trace:
+        args.trace = write_poisson_trace(args.out / "trace.jsonl", prompts, args)
     if args.trace is not None:
         from spectool.measure.workload_files import read_workload
 
@@ -182,7 +213,7 @@ def main() -> int:
             "serve",
             "--engine",
             "torch",
-            *(["--method", "none"] if args.trace is not None else []),
+            *(["--method", "none"] if args.trace is not None and not literal else []),
             "--port",
             str(port),
         ],
@@ -192,21 +223,18 @@ def main() -> int:
     rows: dict[str, list[dict]] = {"aiperf": [], "spectool": []}
     try:
         wait_healthy(url)
-        for r in range(args.rounds):
-            rows["aiperf"].append(
-                run_aiperf(
-                    args.aiperf,
-                    url,
-                    "demo-target",
-                    target,
-                    prompt_file,
-                    args,
+        for r in range(args.rounds):  # A B, B A: neither tool always runs first
+            runs = {
+                "aiperf": lambda r=r: run_aiperf(
+                    args.aiperf, url, "demo-target", target, prompt_file, args,
                     args.out / f"aiperf-{r}",
-                )
-            )
-            rows["spectool"].append(
-                run_spectool(url, "demo-target", prompts, args, args.out, seed=r)
-            )
+                ),
+                "spectool": lambda r=r: run_spectool(
+                    url, "demo-target", prompts, args, args.out, seed=r
+                ),
+            }  # fmt: skip
+            for tool in ("aiperf", "spectool") if r % 2 == 0 else ("spectool", "aiperf"):
+                rows[tool].append(runs[tool]())
             print(
                 f"round {r}: aiperf {rows['aiperf'][-1]}\n         spectool {rows['spectool'][-1]}",
                 flush=True,
@@ -219,19 +247,24 @@ def main() -> int:
         return statistics.median(row[key] for row in rows[tool])
 
     checks = {}
-    print(f"\n{'':16}{'AIPerf':>10}{'spectool':>10}{'ratio':>8}")
+    print(f"\n{'':16}{'AIPerf':>10}{'spectool':>10}{'ratio':>8}  per round (paired)")
     for key, name in (
         ("ttft_mean_ms", "TTFT mean ms"),
         ("ttft_p50_ms", "TTFT p50 ms"),
         ("tpot_mean_ms", "TPOT mean ms"),
     ):
+        # each round's spectool / AIPerf ratio (the two ran back to back, so the machine's
+        # drift between rounds cancels), and their median
+        ratios = [s[key] / a[key] for a, s in zip(rows["aiperf"], rows["spectool"], strict=True)]
+        ratio = statistics.median(ratios)
         a, s = median("aiperf", key), median("spectool", key)
-        print(f"{name:16}{a:10.2f}{s:10.2f}{s / a:8.3f}")
+        each = " ".join(f"{r:.3f}" for r in ratios)
+        print(f"{name:16}{a:10.2f}{s:10.2f}{ratio:8.3f}  {each}")
         if key != "ttft_p50_ms":
-            checks[f"{name} within 10%"] = abs(s / a - 1.0) <= AGREE
+            checks[f"{name} within 10%"] = abs(ratio - 1.0) <= AGREE
     acceptance = [row["acceptance_length"] for row in rows["aiperf"]]
     print(f"AIPerf acceptance length per round: {acceptance}")
-    if args.trace is None:  # a trace replay runs the target without speculation
+    if args.trace is None or literal:  # a synthesised trace runs without speculation
         checks["AIPerf reports the acceptance length"] = all(
             a is not None and a > 1.0 for a in acceptance
         )

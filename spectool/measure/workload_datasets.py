@@ -23,8 +23,9 @@ text is the same wherever it appears, so rows sharing leading hash ids share a p
 shorter last block is a prefix of the full one). A row without ``hash_ids`` gets text of its
 own. ``output_length`` becomes the request's ``max_tokens`` and ``timestamp`` (ms) times the
 time scale the prompt's ``arrival_s`` (seconds), for a replay; timestamps must not go
-backwards. AIPerf's other trace fields (``text_input``, ``messages``, ``payload``,
-``session_id``, ``delay``) are refused.
+backwards. A row may give ``text_input`` (the literal prompt, as AIPerf sends it) instead of
+``input_length``; AIPerf's other trace fields (``messages``, ``payload``, ``session_id``,
+``delay``) are refused.
 
 The synthetic text is common English words drawn at random (seeded by the hash id or the
 row): it carries the trace's lengths and prefix sharing, not its users' text, so speculative
@@ -177,13 +178,16 @@ class Trace:
 
     def prompt(self, where: Where, obj: Mapping[str, Any]) -> Prompt:
         """The row's synthesised prompt, output length and arrival time."""
-        unknown = sorted(set(obj) - {*_TRACE_KEYS, "hash_ids"})
+        unknown = sorted(set(obj) - {*_TRACE_KEYS, "text_input", "hash_ids"})
         if unknown:
             raise where.bad(
                 f"unsupported key(s) {', '.join(map(repr, unknown))}; a trace row has "
-                "'timestamp' (ms), 'input_length', 'output_length' and optional 'hash_ids'"
+                "'timestamp' (ms), 'input_length' or 'text_input', 'output_length' and optional "
+                "'hash_ids'"
             )
-        missing = [key for key in _TRACE_KEYS if key not in obj]
+        if ("input_length" in obj) == ("text_input" in obj):
+            raise where.bad("a trace row needs one of 'input_length' and 'text_input'")
+        missing = [key for key in ("timestamp", "output_length") if key not in obj]
         if missing:
             raise where.bad(f"a trace row needs {', '.join(map(repr, missing))}")
         timestamp = obj["timestamp"]
@@ -200,8 +204,18 @@ class Trace:
                 "trace lists requests in arrival order"
             )
         self._last = (float(timestamp), where.label)
-        input_length = _whole(where, obj, "input_length")
         output_length = _whole(where, obj, "output_length")
+        arrival_s = timestamp / 1000.0 * self.time_scale
+        name = f"{where.path.stem}:{where.number}"
+        if "text_input" in obj:  # the exact text instead of a length, as AIPerf 0.13 reads a
+            # mooncake_trace row (aiperf/dataset/loader/models.py MooncakeTrace.text_input)
+            text = obj["text_input"]
+            if not isinstance(text, str) or not text:
+                raise where.bad("'text_input' must be a non-empty string")
+            if "hash_ids" in obj:
+                raise where.bad("'hash_ids' shape synthesised text; 'text_input' is given")
+            return Prompt(name, DEFAULT_CATEGORY, text, output_length, arrival_s=arrival_s)
+        input_length = _whole(where, obj, "input_length")
         hash_ids = obj.get("hash_ids")
         hash_ids = [] if hash_ids is None else hash_ids  # optional, as in AIPerf
         if not isinstance(hash_ids, list) or not all(
@@ -214,10 +228,4 @@ class Trace:
                 f"the synthesised prompt is {got} tokens, not {input_length}: the target's "
                 "tokenizer merges words across spaces, so exact lengths cannot be synthesised"
             )
-        return Prompt(
-            f"{where.path.stem}:{where.number}",
-            DEFAULT_CATEGORY,
-            text,
-            output_length,
-            arrival_s=timestamp / 1000.0 * self.time_scale,
-        )
+        return Prompt(name, DEFAULT_CATEGORY, text, output_length, arrival_s=arrival_s)

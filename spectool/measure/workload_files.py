@@ -13,7 +13,7 @@ format          key                 a record is
 ``spec-bench``  ``turns``           a Spec-Bench ``question.jsonl`` line
 ``sharegpt``    ``conversations``   a ShareGPT conversation
 ``trace``       ``input_length``    a mooncake / AIPerf trace row (also told by ``timestamp``,
-                                    ``output_length`` or ``hash_ids`` alone)
+                                    ``output_length``, ``hash_ids`` or ``text_input`` alone)
 ==============  ==================  ===========================================================
 
 Request bodies (``prompts``, ``chat``) keep their own ``max_tokens`` (or
@@ -51,7 +51,7 @@ _FORMAT_OF_KEY = {
     "conversations": "sharegpt",
     "input_length": "trace",
 }
-_TRACE_ONLY_KEYS = ("timestamp", "output_length", "hash_ids")
+_TRACE_ONLY_KEYS = ("timestamp", "output_length", "hash_ids", "text_input")
 _WHAT = {
     "prompts": "prompt line",
     "chat": "chat request",

@@ -108,6 +108,24 @@ def test_trace_prompts_have_the_lengths_arrivals_and_shared_prefixes_of_the_trac
     assert d.prompt_id == "trace:4"
 
 
+def test_a_trace_row_may_carry_its_exact_text_as_aiperf_reads_it(tmp_path: Path) -> None:
+    """AIPerf's mooncake_trace rows may give ``text_input`` instead of ``input_length``
+    (aiperf 0.13 ``aiperf/dataset/loader/models.py`` ``MooncakeTrace``): the same file then
+    replays the same texts at the same times in both tools."""
+    path = tmp_path / "trace.jsonl"
+    rows = [
+        {"timestamp": 0, "text_input": "def add(a, b):", "output_length": 8},
+        {"timestamp": 250.5, "text_input": "Once upon a time", "output_length": 3},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    read = read_workload(path)
+    assert read.format == "trace"
+    assert [(p.text, p.max_tokens, p.arrival_s) for p in read.prompts] == [
+        ("def add(a, b):", 8, 0.0),
+        ("Once upon a time", 3, 0.2505),
+    ]
+
+
 def test_trace_prompts_are_exact_in_the_target_tokenizer() -> None:
     count = tokenizer_counter(DEMO_TARGET)
     read = read_workload(DATA / "trace.jsonl", count_tokens=count)
@@ -191,7 +209,13 @@ TRACE_ROW = {"timestamp": 0, "input_length": 4, "output_length": 2}
             "does not fit 2 hash_ids blocks of 512 tokens",
         ),
         ([json.dumps({**TRACE_ROW, "hash_ids": ["a"]})], "'hash_ids' must be a list of integers"),
-        ([json.dumps({**TRACE_ROW, "text_input": "hi"})], "unsupported key(s) 'text_input'"),
+        ([json.dumps({**TRACE_ROW, "input_text": "hi"})], "unsupported key(s) 'input_text'"),
+        (
+            [json.dumps({**TRACE_ROW, "text_input": "hi"})],
+            "needs one of 'input_length' and 'text_input'",
+        ),
+        (['{"timestamp": 0, "output_length": 2}'], "needs one of 'input_length' and 'text_input'"),
+        (['{"timestamp": 0, "output_length": 2, "text_input": ""}'], "non-empty string"),
     ],
 )
 def test_bad_records_name_the_file_and_line(tmp_path: Path, lines: list[str], problem: str) -> None:
