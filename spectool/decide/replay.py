@@ -16,14 +16,17 @@ Recorded grids are read and written by :mod:`spectool.measure.grids` (this modul
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from spectool.decide.cell import CellMeasurement, pooled
-from spectool.decide.cost import request_terms
+from spectool.decide.cost import evaluate_cell, request_terms
 from spectool.decide.latency import MS_PER_S
+from spectool.decide.search import initial_plan
 from spectool.decide.tune import tune
+from spectool.decide.verdict import OBJECTIVES
 from spectool.errors import BadInputError
 
 QUALITY = 0.95  # share of the best per-user tokens/s the choice must reach
@@ -148,4 +151,24 @@ def replay(
                 measuring_share=used / total if total > 0 else float("nan"),
             )
         )
+    return out
+
+
+def prediction_residuals(grids: Sequence[Grid], objective: str) -> list[float]:
+    """``log(measured / predicted)`` of every cell tune's plan does not measure, each grid's
+    predictions against the other grids pooled (``objective``: ``steps`` or ``tpot``): the
+    out-of-sample error of tune's predictor (:data:`spectool.decide.prune.MEASURED_HIGH`)."""
+    concs, n = grid_shape(grids)
+    plan = set(initial_plan(concs, n))
+    out = []
+    for i, grid in enumerate(grids):
+        result = tune(concs, n, lambda c, k, g=grid: g[(c, k)], n_boot=20, objective=objective)
+        for p in result.predictions:
+            key = (p.concurrency, p.k)
+            if p.k == 0 or key in plan:
+                continue
+            spec = pooled([g[key] for j, g in enumerate(grids) if j != i])
+            base = pooled([g[(p.concurrency, 0)] for j, g in enumerate(grids) if j != i])
+            truth = evaluate_cell(spec, base, n_boot=10, source=OBJECTIVES[objective]).ratio
+            out.append(math.log(truth / p.ratio))
     return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from spectool.decide.model import CellPrediction, ConcurrencyGate, ScheduleSemantics, StepCostModel
+from spectool.decide.prune import PredictionError, PruneCheck, pruning_json
 from spectool.decide.verdict import CellVerdict
 
 CellKey = tuple[int, int]
@@ -53,6 +54,8 @@ class TuneResult:
     reused: tuple[CellKey, ...]
     full_grid_runs: int
     notes: tuple[str, ...]
+    prediction_error: PredictionError | None = None  # what the prunes were checked against
+    prune_checks: tuple[PruneCheck, ...] = ()  # every cell left to (or measured despite) prediction
 
     @property
     def max_draft_len(self) -> int:
@@ -78,4 +81,5 @@ class TuneResult:
             "break_even_concurrency": self.break_even_concurrency,
             "cells": [v.to_json() for v in self.cells],
             "runs": {"used": self.runs_used, "full_grid": self.full_grid_runs},
+            "pruning": pruning_json(self.prediction_error, self.prune_checks),
         }

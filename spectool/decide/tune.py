@@ -74,6 +74,13 @@ from spectool.decide.paired import (
     evaluate_paired,
     verdict_from_estimate,
 )
+from spectool.decide.prune import (
+    PredictionError,
+    PruneCheck,
+    against_rival,
+    left_to_prediction,
+    prediction_error,
+)
 from spectool.decide.result import CellKey, PredictionCheck, TuneResult
 from spectool.decide.search import (
     alphas_by_concurrency,
@@ -88,12 +95,6 @@ from spectool.decide.verdict import CellVerdict, objective_source
 from spectool.errors import BadInputError
 
 MeasureFn = Callable[[int, int], "CellMeasurement | PairedCell"]
-
-# How wrong a prediction may be: a method predicted to lose to a rival by less than this is
-# measured, not pruned. The step-cost predictor's worst measured error on the embedded engine
-# (README, "Predict before you rent", accuracy: predicted vs measured spec/base ms per token
-# within +-20% in all 16 cells of two runs, worst -18.5%).
-PRUNE_MARGIN = 0.20
 
 __all__ = ["MeasureFn", "TuneResult", "tune"]
 
@@ -120,7 +121,7 @@ def tune(
     measure_after: Callable[[int], CellMeasurement] | None = None,
     rival: Mapping[int, float] | None = None,
     prior_step: Callable[[float, int], float] | None = None,
-    prune_margin: float = PRUNE_MARGIN,
+    error: PredictionError | None = None,
     objective: str = "steps",
 ) -> TuneResult:
     """Search draft lengths ``0..max_draft_len`` at ``concurrencies``; see the module docstring.
@@ -140,8 +141,10 @@ def tune(
 
     ``rival`` (when several methods are compared, :mod:`spectool.decide.methods`): per
     concurrency, the per-token ratio another method already measured there (1.0 = it stays
-    off). Cells predicted more than ``close_margin`` worse than the rival are not confirmed: the
-    predictions prune them, and a note says where.
+    off). Cells that cannot beat the rival even at the optimistic end of their prediction
+    interval are not confirmed (:func:`spectool.decide.prune.against_rival`; ``error``: the
+    predictor's measured error, by default :func:`~spectool.decide.prune.prediction_error` for
+    ``objective``); every prune is recorded with its margin (``TuneResult.prune_checks``).
 
     ``prior_step(batch, k)``: a step time from first principles (:mod:`spectool.predict`, any
     unit), for servers that restart per draft length. The plan then measures no ``k = 1`` cost
@@ -168,6 +171,8 @@ def tune(
     reused = set(cells)
     measured_now: list[CellKey] = []
     notes: list[str] = []
+    error = error if error is not None else prediction_error(objective)
+    prune_checks: list[PruneCheck] = []
 
     def get(c: int, k: int) -> CellMeasurement:
         if (c, k) not in cells:
@@ -224,7 +229,8 @@ def tune(
             p for p in predictions if 0 < p.k <= k1 and (p.concurrency != concs[0] or p.k == k1)
         ]
         if rival:
-            writable, pruned = _against_rival(writable, rival, close_margin, prune_margin)
+            writable, checks, pruned = against_rival(writable, rival, error, close_margin)
+            prune_checks += checks
             notes += pruned
         wanted = confirmation_cells(writable, close_margin, measured=set(plan))
         for key in server_order(wanted, last_k=plan[-1][1]):
@@ -321,7 +327,9 @@ def tune(
             f"best measured draft lengths {uncapped} exceed the smallest concurrency's; a "
             f"draft_len_schedule cannot, so the best writable set was chosen: {choices}"
         )
-    notes += _unmeasured_k_margins(predictions, verdicts, choices, prune_margin)
+    left, left_notes = left_to_prediction(predictions, verdicts, choices, error)
+    prune_checks += left
+    notes += left_notes
     by_key = {(p.concurrency, p.k): p for p in predictions}
     checks = tuple(
         PredictionCheck(v.concurrency, v.k, p.ratio, v.ratio, v.ci_low, v.ci_high)
@@ -347,76 +355,9 @@ def tune(
         reused=tuple(sorted(reused)),
         full_grid_runs=len(grid),
         notes=tuple(notes),
+        prediction_error=error if predictions else None,
+        prune_checks=tuple(prune_checks),
     )
-
-
-def _against_rival(
-    predictions: Sequence[CellPrediction],
-    rival: Mapping[int, float],
-    close_margin: float,
-    prune_margin: float,
-) -> tuple[list[CellPrediction], list[str]]:
-    """The predictions worth confirming against a rival method, and a note per concurrency
-    where none is (its best prediction is more than ``prune_margin``, the predictor's measured
-    error, above the rival's ratio) or where one is kept only because of that error."""
-    kept: list[CellPrediction] = []
-    notes: list[str] = []
-    for c in sorted({p.concurrency for p in predictions}):
-        at_c = [p for p in predictions if p.concurrency == c]
-        bar = rival.get(c)
-        if bar is None:
-            kept += at_c
-            continue
-        best = min(at_c, key=lambda p: p.ratio)
-        gap = best.ratio / bar - 1.0
-        near = [p for p in at_c if p.ratio <= bar * (1.0 + max(close_margin, prune_margin))]
-        kept += near
-        if not near:
-            notes.append(
-                f"concurrency {c}: not confirmed, predicted best k={best.k} ratio "
-                f"{best.ratio:.3f} against {bar:.3f} measured for a rival method; the "
-                f"prediction would have to be {gap:.0%} too high to change that (the "
-                f"predictor's measured error: up to {prune_margin:.0%})"
-            )
-        elif gap > close_margin:
-            notes.append(
-                f"concurrency {c}: measured though predicted {gap:.0%} behind a rival method "
-                f"(k={best.k} {best.ratio:.3f} against {bar:.3f}): within the predictor's "
-                f"measured error of {prune_margin:.0%}"
-            )
-    return kept, notes
-
-
-def _unmeasured_k_margins(
-    predictions: Sequence[CellPrediction],
-    verdicts: Sequence[CellVerdict],
-    choices: Mapping[int, int],
-    prune_margin: float,
-) -> list[str]:
-    """One note on the draft lengths left to prediction: per concurrency, the unmeasured ``k``
-    predicted closest to the chosen cell's measured ratio (1.0 when off), and by how much the
-    prediction would have to be wrong to beat it."""
-    measured = {(v.concurrency, v.k): v for v in verdicts}
-    parts, close = [], 0
-    for c, k_chosen in sorted(choices.items()):
-        chosen = measured[(c, k_chosen)].ratio if k_chosen > 0 else 1.0
-        others = [
-            p for p in predictions if p.concurrency == c and p.k > 0 and (c, p.k) not in measured
-        ]
-        if not others:
-            continue
-        best = min(others, key=lambda p: p.ratio)
-        gap = best.ratio / chosen - 1.0
-        close += gap < prune_margin
-        parts.append(f"c={c}: k={best.k} predicted {best.ratio:.3f}, {gap:+.0%}")
-    if not parts:
-        return []
-    return [
-        "draft lengths left to prediction, the closest per concurrency against the chosen "
-        f"cell's measured ratio (off: 1.0): {'; '.join(parts)}. A prediction that much too "
-        f"high would change the choice; {close} of {len(parts)} lie within the predictor's "
-        f"measured error of {prune_margin:.0%}"
-    ]
 
 
 def _prior_observations(

@@ -62,9 +62,8 @@ def could_win(predicted_ratio: float, rival_ratio: float, high: float = HIGH_FAC
     """Whether a cell predicted at per-token ratio ``predicted_ratio`` (spec / base time per
     token, 1 / speed-up) could beat a rival at ``rival_ratio`` within its interval: its
     optimistic end, ``predicted_ratio / high``, is below the rival's. A search that prunes only
-    cells for which this is False never prunes a cell the interval could win; for GPU-engine
-    predictions that is a margin of ``high - 1`` (36 %) over the rival, where
-    ``spectool.decide.tune.PRUNE_MARGIN`` (20 %) is the embedded engine's measured CPU error."""
+    cells for which this is False never prunes a cell the interval could win. tune's pruning
+    (:mod:`spectool.decide.prune`) calls it with its own predictor's out-of-sample factor."""
     return predicted_ratio / high < rival_ratio
 
 

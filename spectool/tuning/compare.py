@@ -307,7 +307,7 @@ def comparison_markdown(
             )
     notes = [f"{o.resolved.method}: {n}" for o in outcomes for n in o.result.notes if "rival" in n]
     if notes:
-        lines += ["", "Pruned by prediction (not confirmed):", ""]
+        lines += ["", "Pruned by prediction against a rival (or measured within its error):", ""]
         lines += [f"- {n}" for n in notes]
     return "\n".join([*lines, *_figures(outcomes, choice.chosen)]) + "\n"
 

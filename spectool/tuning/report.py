@@ -3,7 +3,7 @@
 Sections: the decision (draft length per concurrency, break-even, the files written); how it was
 measured; runs used against the full grid; per-token latency, per-user tokens/s and throughput
 for every measured ``k`` x concurrency with bootstrap intervals; the cost inequality's terms per
-cell; predicted against measured; acceptance per position; the fitted step-cost model; notes.
+cell; predicted against measured; pruned by prediction (:mod:`spectool.decide.prune`); acceptance per position; the fitted step-cost model; notes.
 Numbers come from :class:`~spectool.tuning.outcome.TuneOutcome` only; nothing is recomputed here.
 """
 
@@ -13,6 +13,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from spectool.decide.prune import pruning_markdown
 from spectool.decide.stats import Interval, acceptance_curves
 from spectool.decide.verdict import CellVerdict
 from spectool.io import atomic_write_text
@@ -139,6 +140,7 @@ def report_markdown(outcome: TuneOutcome) -> str:
         _inequality_section,
         _noise_section,
         _predictions_section,
+        _pruning_section,
         _acceptance_section,
         check_warnings_section,
         _model_section,
@@ -380,6 +382,11 @@ def _predictions_section(outcome: TuneOutcome) -> list[str]:
             *_table(["", *(f"c={c}" for c in concs)], rows),
         ]
     return lines
+
+
+def _pruning_section(outcome: TuneOutcome) -> list[str]:
+    result = outcome.result
+    return pruning_markdown(result.prediction_error, result.prune_checks)
 
 
 def _acceptance_rows(outcome: TuneOutcome) -> list[list[str]]:

@@ -171,25 +171,3 @@ def test_wide_intervals_do_not_prove_a_tie_the_better_estimate_is_deployed_as_un
     )
     assert worse.chosen == "draft_model" and worse.certain
     assert {s.method: s.standing for s in worse.scores}["ngram"] == "worse"
-
-
-def test_a_method_predicted_to_lose_by_less_than_the_predictors_error_is_measured() -> None:
-    """Pruning by prediction is checked: a rival ahead by 11% (inside the predictor's measured
-    error, 20%) leaves the cells measured and says so; a rival ahead by half is pruned, and
-    the note says how wrong the prediction would have to be."""
-    from spectool.decide.tune import PRUNE_MARGIN
-
-    strong, _ = _run(STRONG, "eagle3")
-    own = rival_ratios([strong])
-    alone, alone_calls = _run(STRONG, "draft_model")
-    near, near_calls = _run(STRONG, "draft_model", rival={c: r * 0.9 for c, r in own.items()})
-    far, far_calls = _run(STRONG, "draft_model", rival={c: r * 0.5 for c, r in own.items()})
-    assert PRUNE_MARGIN == 0.20
-    assert not any("not confirmed" in n for n in near.notes)
-    assert any("within the predictor's measured error" in n for n in near.notes)
-    assert set(near_calls.calls) == set(alone_calls.calls)
-    pruned = [n for n in far.notes if "not confirmed" in n]
-    assert pruned and all("would have to be" in n for n in pruned)
-    assert len(far_calls.calls) < len(alone_calls.calls)
-    # the draft lengths left to prediction are reported with their margins
-    assert any(n.startswith("draft lengths left to prediction") for n in alone.notes)

@@ -24,6 +24,7 @@ SECTIONS = [
     "## The cost inequality per cell",
     "## Pairs and noise per cell",
     "## Predicted against measured",
+    "## Pruned by prediction",
     "## Acceptance per position",
     "## Why acceptance may be low: spectool check's warnings",
     "## Step-cost model",
@@ -102,6 +103,7 @@ def test_report_sections_in_order_and_tables_well_formed(tmp_path: Path) -> None
             assert body[0] == "|" + "---|" * (width - 1)
             assert len(body) > 1, line
             assert all(row.count("|") == width for row in body), line
-    # decision, 3 grid tables, inequality, pairs, checks, predicted grid, acceptance, model
-    assert tables == 10
+    # decision, 3 grid tables, inequality, pairs, checks, predicted grid, pruned, acceptance,
+    # model
+    assert tables == 11
     assert text.endswith("\n") and not text.endswith("\n\n")
