@@ -165,6 +165,7 @@ def write_comparison(
     """DIR's deployment (the chosen method's decision and build, with the comparison in
     ``decision.json``), ``methods.json`` and ``report.md``."""
     from spectool.tuning.deploy import write_deployment
+    from spectool.tuning.joint import out_raced_lines
 
     chosen = next(o for o in outcomes if o.resolved.method == choice.chosen)
     deployment = write_deployment(
@@ -189,7 +190,8 @@ def write_comparison(
     files.append(atomic_write_text(top / COMPARISON_NAME, json.dumps(summary, indent=2) + "\n"))
     files.append(
         atomic_write_text(
-            top / REPORT_NAME, comparison_markdown(outcomes, choice, together=together)
+            top / REPORT_NAME,
+            comparison_markdown(outcomes, choice, together=together, raced=out_raced_lines(top)),
         )
     )
     return list(dict.fromkeys(files))
@@ -208,7 +210,11 @@ def comparison_cell(choice: MethodChoice, method: str, c: int) -> str:
 
 
 def comparison_markdown(
-    outcomes: Sequence[TuneOutcome], choice: MethodChoice, *, together: bool = False
+    outcomes: Sequence[TuneOutcome],
+    choice: MethodChoice,
+    *,
+    together: bool = False,
+    raced: Sequence[str] = (),
 ) -> str:
     """The report a user opens: the method deployed and why first, then per concurrency each
     method's chosen cell and the winner, every method's figures (from its folder) and where each
@@ -305,6 +311,14 @@ def comparison_markdown(
                 f"{est.ks[0]} / {est.ks[1]} | {est.ratio:.3f} | {est.log_se:.3f} | "
                 f"{est.pairs} | {est.prompts_covered}/{est.workload_prompts} |"
             )
+    if raced:
+        lines += [
+            "",
+            "Out-raced in a joint cell (the leader proven faster before the arm's own "
+            "interval settled):",
+            "",
+        ]
+        lines += [f"- {n}" for n in raced]
     notes = [f"{o.resolved.method}: {n}" for o in outcomes for n in o.result.notes if "rival" in n]
     if notes:
         lines += ["", "Pruned by prediction against a rival (or measured within its error):", ""]

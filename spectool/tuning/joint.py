@@ -26,6 +26,16 @@ cells at one concurrency together: a *joint cell* of arms ``baseline, (m1, k1), 
   cell is what it holds at that look, the look where its search alone would have stopped, so
   its replay is unchanged; a four-method comparison then pays the extra rounds of a close
   duel for two arms, not four.
+* An arm is *out-raced* at a look where the leading method (paying, the lowest ratio) is
+  proven faster than it head to head (:func:`~spectool.decide.duel.proven_faster`, the same
+  rounds, at the looks' corrected confidence), even if its own rule has not stopped: it cannot
+  be the fastest method at this concurrency, and the rounds its own interval against the
+  baseline would still need are the dearest a joint cell spends (at high concurrency a look
+  holds four blocks per arm and the budget ends no cell before eight). ``joint.jsonl`` records
+  the rounds it held (``out_raced``) and its method's search reads its cell up to there
+  (:func:`out_raced`, ``stop_after`` of :func:`~spectool.tuning.pairing.measure_paired`), so
+  the replay still matches: the cell is what those rounds say, often inconclusive against
+  the baseline.
 * Two arms of one joint cell give the methods' head-to-head estimate for free
   (:func:`duel_from_joint`): the same rounds, the same prompts, the same minute.
 
@@ -44,7 +54,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from spectool.decide.duel import DuelEstimate, DuelPair, decided, duel_estimate
+from spectool.decide.duel import DuelEstimate, DuelPair, decided, duel_estimate, proven_faster
 from spectool.decide.methods import TIE_MARGIN
 from spectool.decide.paired import BlockPair, PairedCell, paired_estimate, settled
 from spectool.decide.result import TuneResult
@@ -105,12 +115,18 @@ class JointCell:
     arms: tuple[Arm, ...]
     rounds: tuple[dict[Slot, TrialResult], ...]
     cells: dict[Arm, PairedCell]
+    # arms that left because the leader was proven faster: (rounds held, the leader's arm)
+    out_raced: dict[Arm, tuple[int, Arm]] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict[str, object]:
         return {
             "concurrency": self.concurrency,
             "arms": [[a.method, a.k] for a in self.arms],
             "rounds": len(self.rounds),
+            "out_raced": [
+                [a.method, a.k, n, lead.method, lead.k]
+                for a, (n, lead) in sorted(self.out_raced.items())
+            ],
         }
 
 
@@ -186,6 +202,7 @@ def measure_joint(
     active = list(arms)
     rounds: list[dict[Slot, TrialResult]] = []
     spent = dict.fromkeys(arms, 0.0)
+    out_raced: dict[Arm, tuple[int, Arm]] = {}
     cells: dict[Arm, PairedCell] = {}
     estimates: dict[Arm, PairedEstimate] = {}
     for i in range(most):
@@ -216,11 +233,44 @@ def measure_joint(
                 duel_pairs(a, b, rounds), (a.method, b.method), objective=objective
             )
             compared = decided(duel, confidence=confidence, margin=TIE_MARGIN, looks=looks)
+        for arm in _beaten(
+            active, done, lead, ratios, rounds, threshold, confidence, looks, objective
+        ):
+            out_raced[arm] = (len(rounds), lead[0])
+            done.add(arm)
         if done == set(active) and (compared or over):
             break
         active = [arm for arm in active if arm not in done or arm in lead[:2]]
     # the last round is always a look (max_pairs is a whole number of looks): cells hold them all
-    return JointCell(c, arms, tuple(rounds), cells)
+    return JointCell(c, arms, tuple(rounds), cells, out_raced)
+
+
+def _beaten(
+    active: Sequence[Arm],
+    done: set[Arm],
+    lead: Sequence[Arm],
+    ratios: Mapping[Arm, float],
+    rounds: Sequence[dict[Slot, TrialResult]],
+    threshold: float,
+    confidence: float,
+    looks: int,
+    objective: str,
+) -> list[Arm]:
+    """The arms still racing, out of the two leaders, that the leading method (paying) is
+    proven faster than head to head (module docstring)."""
+    if not lead or ratios[lead[0]] >= threshold:
+        return []
+    best = lead[0]
+    beaten = []
+    for arm in active:
+        if arm in done or arm in lead[:2] or arm.method == best.method:
+            continue
+        duel = duel_estimate(
+            duel_pairs(best, arm, rounds), (best.method, arm.method), objective=objective
+        )
+        if proven_faster(duel, confidence=confidence, looks=looks):
+            beaten.append(arm)
+    return beaten
 
 
 @dataclass
@@ -296,6 +346,40 @@ def joint_index(top: Path) -> list[tuple[int, tuple[Arm, ...], int]]:
             arms = tuple(Arm(str(m), int(k)) for m, k in row["arms"])
             out.append((int(row["concurrency"]), arms, int(row["rounds"])))
     return out
+
+
+def out_raced(top: Path, method: str) -> dict[tuple[int, int], int]:
+    """``(concurrency, k) -> rounds held`` of ``method``'s arms that a joint cell listed in
+    ``DIR/joint.jsonl`` out-raced (its cell ends there)."""
+    path = top / INDEX_NAME
+    if not path.is_file():
+        return {}
+    stops: dict[tuple[int, int], int] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            row = json.loads(line)
+            for m, k, n, *_ in row.get("out_raced", []):
+                if m == method:
+                    stops[(int(row["concurrency"]), int(k))] = int(n)
+    return stops
+
+
+def out_raced_lines(top: Path) -> list[str]:
+    """One line per out-raced arm in ``DIR/joint.jsonl``, for the report."""
+    path = top / INDEX_NAME
+    if not path.is_file():
+        return []
+    lines = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            row = json.loads(line)
+            for m, k, n, lead_m, lead_k in row.get("out_raced", []):
+                lines.append(
+                    f"concurrency {row['concurrency']}: {m} k={k} left the rounds after {n}, "
+                    f"{lead_m} k={lead_k} proven faster head to head; its cell is what those "
+                    "rounds say"
+                )
+    return lines
 
 
 def duel_from_joint(

@@ -78,14 +78,19 @@ def measure_paired(
     pass_pairs: int = 1,
     workload_prompts: int = 0,
     objective: str = "steps",
+    stop_after: int | None = None,
 ) -> PairedCell:
     """The paired cell ``(concurrency, k)``; see the module docstring.
 
     ``pass_pairs``: pairs that cover the workload once (``workload_prompts`` prompts).
     ``objective``: what the pairs compare, and so what settles the cell
-    (:data:`~spectool.decide.verdict.OBJECTIVES`).
+    (:data:`~spectool.decide.verdict.OBJECTIVES`). ``stop_after``: the cell ends there (a look)
+    whatever its own rule says: the pairs a joint cell gave an arm that it *out-raced*
+    (:mod:`spectool.tuning.joint`).
     """
     every, most, looks = look_every(pass_pairs), max_pairs(pass_pairs), looks_of(pass_pairs)
+    if stop_after is not None:
+        most = min(most, stop_after)
     pairs: list[BlockPair] = []
     sent: set[int] = set()
     spent = 0.0

@@ -82,8 +82,10 @@ def finished_pairs(
     plan: CellPlan,
     grid: Sequence[CellKey],
     options: Mapping[str, object],
+    stops: Mapping[CellKey, int] | None = None,
 ) -> dict[CellKey, PairedCell]:
-    """Paired cells of ``grid`` whose every block is in ``saved`` (up to where they stopped)."""
+    """Paired cells of ``grid`` whose every block is in ``saved`` (up to where they stopped;
+    ``stops``: cells a joint cell ended early, and their pairs)."""
     out: dict[CellKey, PairedCell] = {}
     for c, k in grid:
         if k == 0:
@@ -97,7 +99,14 @@ def finished_pairs(
             return trial
 
         try:
-            out[(c, k)] = measure_paired(c, k, lookup, **plan.pass_options(c), **options)  # type: ignore[arg-type]
+            out[(c, k)] = measure_paired(
+                c,
+                k,
+                lookup,
+                **plan.pass_options(c),  # type: ignore[arg-type]
+                **options,  # type: ignore[arg-type]
+                stop_after=(stops or {}).get((c, k)),
+            )
         except NotSaved:
             continue
     return out

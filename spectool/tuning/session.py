@@ -119,6 +119,7 @@ def run_tune(
     dry: bool = False,
     use_prior: bool = False,
     quiet_resume: bool = False,
+    stops: Mapping[CellKey, int] | None = None,
 ) -> TuneOutcome:
     """Measure, decide and write every output; see the module docstring.
 
@@ -139,6 +140,8 @@ def run_tune(
     ``use_prior``: the roofline prior stands in for the ``k = 1`` cost cell, as for a method
     compared with a rival (every method after the first). ``quiet_resume``: say nothing of
     the cells found in ``trials.jsonl`` (a comparison's searches run over them again and again).
+    ``stops``: this method's cells that a joint cell ended early (the arm was out-raced), with
+    their pairs (:func:`spectool.tuning.joint.out_raced`).
     """
     from spectool.measure.runner import measure
     from spectool.tuning.joint import Ready, Wanted
@@ -162,7 +165,7 @@ def run_tune(
     saved = load_trials(trials_path) if failed else saved
     finished = finished_cells(saved, plan, grid)
     options = paired_options(resolved)
-    pairs_done = finished_pairs(saved, plan, grid, options)
+    pairs_done = finished_pairs(saved, plan, grid, options, stops)
     if (finished or pairs_done) and progress is not None and not (dry or quiet_resume):
         progress.on_message(
             f"resuming: {len(finished) + len(pairs_done)} cells already measured in {trials_path}"
@@ -234,7 +237,14 @@ def run_tune(
                     trial = saved.get(config.key())
                     return trial if trial is not None else run_trials([config], arm, where)[0]
 
-                paired_cell = measure_paired(c, k, block, **plan.pass_options(c), **options)  # type: ignore[arg-type]
+                paired_cell = measure_paired(
+                    c,
+                    k,
+                    block,
+                    **plan.pass_options(c),  # type: ignore[arg-type]
+                    **options,  # type: ignore[arg-type]
+                    stop_after=(stops or {}).get((c, k)),
+                )
                 return keep_pairs((c, k), paired_cell)
             cell = pooled_cell(run_trials(plan.configs(c, k), k, where), k)
             cells[(c, k)] = cell

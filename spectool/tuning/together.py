@@ -51,6 +51,7 @@ from spectool.tuning.joint import (
     Wanted,
     duel_from_joint,
     measure_joint,
+    out_raced,
     record_joint,
 )
 from spectool.tuning.outcome import CellKey, TuneOutcome
@@ -132,6 +133,7 @@ def run_joint(
             dry=dry,
             use_prior=i > 0,
             quiet_resume=True,
+            stops=out_raced(top, r.method),
         )
 
     def measure_block(slot: Slot, config: TrialConfig, path: Path) -> TrialResult:
@@ -195,6 +197,8 @@ def run_joint(
                 **paired_options(first),  # type: ignore[arg-type]
             )
             record_joint(top, cell)
+            for arm, (n, lead) in sorted(cell.out_raced.items()):
+                say(f"concurrency {c}: {arm} left after {n} rounds, {lead} proven faster")
         outcomes: list[TuneOutcome] = []
         done: dict[str, TuneResult] = {}
         for i, r in enumerate(resolved):

@@ -23,6 +23,8 @@ from spectool.tuning.joint import (
     duel_from_joint,
     duel_pairs,
     measure_joint,
+    out_raced,
+    out_raced_lines,
     record_joint,
     round_order,
 )
@@ -150,6 +152,45 @@ def test_a_settled_arm_out_of_the_race_retires_and_keeps_its_cell() -> None:
     alone = measure_paired(C, K, lookup, budget_s=1e9, **PASS)
     assert [q.spec for q in alone.pairs] == [q.spec for q in cell.cells[far].pairs]
     assert len(duel_pairs(A, far, cell.rounds)) == retired  # the rounds holding both
+
+
+def test_an_arm_the_leader_beats_head_to_head_leaves_before_its_own_rule_stops(
+    tmp_path: Path,
+) -> None:
+    """Three methods: two close leaders, and one about as fast as the baseline, so its own
+    interval never settles (before, it stayed to the budget's end). The leader is proven faster
+    than it head to head at the first look: it leaves there, out-raced; joint.jsonl records the
+    rounds it held, and its search reads its cell back up to there (and, without that stop,
+    would want blocks that were never measured)."""
+    even = Arm("eagle3", K)
+    bench = Bench({A: 18.0, B: 18.7, even: 90.0}, speed=lambda t: 1.0 + 0.3 * np.sin(3 * t))
+    cell = measure_joint(C, [A, B, even], bench.block, budget_s=1e9, **PASS)
+    first = look_every(1)
+    assert cell.out_raced == {even: (first, A)}
+    assert [even in got for got in cell.rounds] == [True] * first + [False] * (
+        len(cell.rounds) - first
+    )
+    assert len(cell.rounds) > first  # the close pair went on
+    assert len(cell.cells[even].pairs) == first
+    assert paired_estimate(cell.cells[even]).verdict == "inconclusive"
+
+    def lookup(pair: int, k: int) -> TrialResult:
+        key = (pair, even if k else BASE)
+        if key not in bench.saved:
+            raise NotSaved
+        return bench.saved[key]
+
+    with pytest.raises(NotSaved):  # its own rule alone wants more than the rounds it held
+        measure_paired(C, K, lookup, budget_s=1e9, **PASS)
+    record_joint(tmp_path, cell)
+    stops = out_raced(tmp_path, "eagle3")
+    assert stops == {(C, K): first} and out_raced(tmp_path, "ngram") == {}
+    alone = measure_paired(C, K, lookup, budget_s=1e9, **PASS, stop_after=stops[(C, K)])
+    assert [q.spec for q in alone.pairs] == [q.spec for q in cell.cells[even].pairs]
+    assert out_raced_lines(tmp_path) == [
+        f"concurrency {C}: eagle3 k={K} left the rounds after {first}, draft_model k={K} "
+        "proven faster head to head; its cell is what those rounds say"
+    ]
 
 
 def _plans() -> dict[str, CellPlan]:
