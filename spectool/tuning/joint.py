@@ -334,52 +334,46 @@ def record_joint(top: Path, cell: JointCell) -> None:
     append_line(top / INDEX_NAME, json.dumps(cell.to_json(), separators=(",", ":")))
 
 
-def joint_index(top: Path) -> list[tuple[int, tuple[Arm, ...], int]]:
-    """``(concurrency, arms, rounds)`` of every joint cell ``DIR/joint.jsonl`` lists."""
+def _rows(top: Path) -> list[dict]:
+    """The rows of ``DIR/joint.jsonl`` (none without it)."""
     path = top / INDEX_NAME
     if not path.is_file():
         return []
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            row = json.loads(line)
-            arms = tuple(Arm(str(m), int(k)) for m, k in row["arms"])
-            out.append((int(row["concurrency"]), arms, int(row["rounds"])))
-    return out
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def joint_index(top: Path) -> list[tuple[int, tuple[Arm, ...], int]]:
+    """``(concurrency, arms, rounds)`` of every joint cell ``DIR/joint.jsonl`` lists."""
+    return [
+        (
+            int(row["concurrency"]),
+            tuple(Arm(str(m), int(k)) for m, k in row["arms"]),
+            int(row["rounds"]),
+        )
+        for row in _rows(top)
+    ]
 
 
 def out_raced(top: Path, method: str) -> dict[tuple[int, int], int]:
     """``(concurrency, k) -> rounds held`` of ``method``'s arms that a joint cell listed in
     ``DIR/joint.jsonl`` out-raced (its cell ends there)."""
-    path = top / INDEX_NAME
-    if not path.is_file():
-        return {}
-    stops: dict[tuple[int, int], int] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            row = json.loads(line)
-            for m, k, n, *_ in row.get("out_raced", []):
-                if m == method:
-                    stops[(int(row["concurrency"]), int(k))] = int(n)
-    return stops
+    return {
+        (int(row["concurrency"]), int(k)): int(n)
+        for row in _rows(top)
+        for m, k, n, *_ in row.get("out_raced", [])
+        if m == method
+    }
 
 
 def out_raced_lines(top: Path) -> list[str]:
     """One line per out-raced arm in ``DIR/joint.jsonl``, for the report."""
-    path = top / INDEX_NAME
-    if not path.is_file():
-        return []
-    lines = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            row = json.loads(line)
-            for m, k, n, lead_m, lead_k in row.get("out_raced", []):
-                lines.append(
-                    f"concurrency {row['concurrency']}: {m} k={k} left the rounds after {n}, "
-                    f"{lead_m} k={lead_k} proven faster head to head; its cell is what those "
-                    "rounds say"
-                )
-    return lines
+    return [
+        f"concurrency {row['concurrency']}: {m} k={k} left the rounds after {n}, "
+        f"{lead_m} k={lead_k} proven faster head to head; its cell is what those rounds say"
+        for row in _rows(top)
+        for m, k, n, lead_m, lead_k in row.get("out_raced", [])
+    ]
 
 
 def duel_from_joint(

@@ -10,25 +10,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from spectool.decide.cell import CellMeasurement
-from spectool.decide.latency import RequestRecord
 from spectool.decide.paired import BlockPair, PairedCell, paired_estimate
 from spectool.decide.slo import good_requests, goodput_terms, parse_slo, resolve_objective
 from spectool.decide.verdict import objective_source
 from spectool.errors import BadInputError
 
+from .test_paired import _requests_block as _block
+
 SLO = parse_slo("tpot:12ms")
-
-
-def _block(k: int, tpots_s: list[float], shift: float = 0.0) -> CellMeasurement:
-    """Requests sent 10 ms apart, each streaming 9 tokens at its own ``tpots_s[i]``."""
-    records = []
-    for i, tpot in enumerate(tpots_s):
-        send = shift + 0.01 * i
-        first = send + 0.02
-        chunks = tuple(first + tpot * j for j in range(9))
-        records.append(RequestRecord(f"r{i}", "c", send, first, chunks, (1,) * 9, chunks[-1], 8, 9))
-    return CellMeasurement(concurrency=4, k=k, records=tuple(records), duration_s=1.0)
 
 
 def test_a_request_is_good_only_when_it_meets_every_limit() -> None:
