@@ -314,7 +314,7 @@ def comparison_markdown(
     if raced:
         lines += [
             "",
-            "Out-raced in a joint cell (the leader proven faster before the arm's own "
+            "Out-raced in a joint cell (out of the two leaders, it left before its own "
             "interval settled):",
             "",
         ]

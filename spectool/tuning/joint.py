@@ -26,16 +26,17 @@ cells at one concurrency together: a *joint cell* of arms ``baseline, (m1, k1), 
   cell is what it holds at that look, the look where its search alone would have stopped, so
   its replay is unchanged; a four-method comparison then pays the extra rounds of a close
   duel for two arms, not four.
-* An arm is *out-raced* at a look where the leading method (paying, the lowest ratio) is
-  proven faster than it head to head (:func:`~spectool.decide.duel.proven_faster`, the same
-  rounds, at the looks' corrected confidence), even if its own rule has not stopped: it cannot
-  be the fastest method at this concurrency, and the rounds its own interval against the
-  baseline would still need are the dearest a joint cell spends (at high concurrency a look
-  holds four blocks per arm and the budget ends no cell before eight). ``joint.jsonl`` records
-  the rounds it held (``out_raced``) and its method's search reads its cell up to there
-  (:func:`out_raced`, ``stop_after`` of :func:`~spectool.tuning.pairing.measure_paired`), so
-  the replay still matches: the cell is what those rounds say, often inconclusive against
-  the baseline.
+* An arm out of the two leaders, the leader paying, is *out-raced* at a look where the
+  leading method is proven faster than it head to head (:func:`~spectool.decide.duel.
+  proven_faster`, the same rounds, at the looks' corrected confidence; ``slower``), or where
+  it has spent its budget (``spent``), even if its own rule has not stopped: the budget ends
+  no cell before :data:`~spectool.tuning.pairing.MIN_PAIRS_OVER_BUDGET` pairs because four
+  are too few for a verdict a deployment rests on, and at this concurrency that is a
+  leader's. Those rounds are the dearest a joint cell spends (at high concurrency a look holds
+  four blocks per arm). ``joint.jsonl`` records the rounds it held (``out_raced``) and its
+  method's search reads its cell up to there (:func:`out_raced`, ``stop_after`` of
+  :func:`~spectool.tuning.pairing.measure_paired`), so the replay still matches: the cell is
+  what those rounds say, often inconclusive against the baseline (that method off there).
 * Two arms of one joint cell give the methods' head-to-head estimate for free
   (:func:`duel_from_joint`): the same rounds, the same prompts, the same minute.
 
@@ -94,6 +95,7 @@ class Arm:
         return f"{self.method} k={self.k}"
 
 
+SLOWER, SPENT = "slower", "spent"  # why an arm out of the race left early (JointCell.out_raced)
 BASE = None  # the baseline arm of a round
 Slot = Arm | None
 BlockFn = Callable[[int, Slot], TrialResult]  # (round, arm or BASE) -> the block's trial
@@ -115,8 +117,9 @@ class JointCell:
     arms: tuple[Arm, ...]
     rounds: tuple[dict[Slot, TrialResult], ...]
     cells: dict[Arm, PairedCell]
-    # arms that left because the leader was proven faster: (rounds held, the leader's arm)
-    out_raced: dict[Arm, tuple[int, Arm]] = dataclasses.field(default_factory=dict)
+    # arms out of the race that left before their own rule stopped: (rounds held, the
+    # leader's arm, why: SLOWER or SPENT)
+    out_raced: dict[Arm, tuple[int, Arm, str]] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -124,8 +127,8 @@ class JointCell:
             "arms": [[a.method, a.k] for a in self.arms],
             "rounds": len(self.rounds),
             "out_raced": [
-                [a.method, a.k, n, lead.method, lead.k]
-                for a, (n, lead) in sorted(self.out_raced.items())
+                [a.method, a.k, n, lead.method, lead.k, why]
+                for a, (n, lead, why) in sorted(self.out_raced.items())
             ],
         }
 
@@ -202,7 +205,7 @@ def measure_joint(
     active = list(arms)
     rounds: list[dict[Slot, TrialResult]] = []
     spent = dict.fromkeys(arms, 0.0)
-    out_raced: dict[Arm, tuple[int, Arm]] = {}
+    out_raced: dict[Arm, tuple[int, Arm, str]] = {}
     cells: dict[Arm, PairedCell] = {}
     estimates: dict[Arm, PairedEstimate] = {}
     for i in range(most):
@@ -233,16 +236,40 @@ def measure_joint(
                 duel_pairs(a, b, rounds), (a.method, b.method), objective=objective
             )
             compared = decided(duel, confidence=confidence, margin=TIE_MARGIN, looks=looks)
-        for arm in _beaten(
+        beaten = _beaten(
             active, done, lead, ratios, rounds, threshold, confidence, looks, objective
-        ):
-            out_raced[arm] = (len(rounds), lead[0])
+        )
+        for arm in active:
+            if arm in beaten:
+                out_raced[arm] = (len(rounds), lead[0], SLOWER)
+            elif _spent_out_of_race(arm, done, lead, ratios, threshold, spent[arm], budget_s):
+                out_raced[arm] = (len(rounds), lead[0], SPENT)
+            else:
+                continue
             done.add(arm)
         if done == set(active) and (compared or over):
             break
         active = [arm for arm in active if arm not in done or arm in lead[:2]]
     # the last round is always a look (max_pairs is a whole number of looks): cells hold them all
     return JointCell(c, arms, tuple(rounds), cells, out_raced)
+
+
+def _spent_out_of_race(
+    arm: Arm,
+    done: set[Arm],
+    lead: Sequence[Arm],
+    ratios: Mapping[Arm, float],
+    threshold: float,
+    spent_s: float,
+    budget_s: float,
+) -> bool:
+    """Whether ``arm`` (still racing, not one of the two leaders, the leader paying) has spent
+    its budget: the pairs the budget's minimum (:data:`~spectool.tuning.pairing.
+    MIN_PAIRS_OVER_BUDGET`) asks for protect the verdict a deployment rests on, which at this
+    concurrency is a leader's (module docstring)."""
+    if arm in done or arm in lead[:2] or not lead or ratios[lead[0]] >= threshold:
+        return False
+    return spent_s >= budget_s
 
 
 def _beaten(
@@ -368,11 +395,16 @@ def out_raced(top: Path, method: str) -> dict[tuple[int, int], int]:
 
 def out_raced_lines(top: Path) -> list[str]:
     """One line per out-raced arm in ``DIR/joint.jsonl``, for the report."""
+    why_words = {
+        SLOWER: "proven faster head to head",
+        SPENT: "ahead, and its budget spent (the pairs the budget's minimum asks for are a "
+        "leader's)",
+    }
     return [
         f"concurrency {row['concurrency']}: {m} k={k} left the rounds after {n}, "
-        f"{lead_m} k={lead_k} proven faster head to head; its cell is what those rounds say"
+        f"{lead_m} k={lead_k} {why_words[why]}; its cell is what those rounds say"
         for row in _rows(top)
-        for m, k, n, lead_m, lead_k in row.get("out_raced", [])
+        for m, k, n, lead_m, lead_k, why in row.get("out_raced", [])
     ]
 
 

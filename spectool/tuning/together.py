@@ -197,8 +197,8 @@ def run_joint(
                 **paired_options(first),  # type: ignore[arg-type]
             )
             record_joint(top, cell)
-            for arm, (n, lead) in sorted(cell.out_raced.items()):
-                say(f"concurrency {c}: {arm} left after {n} rounds, {lead} proven faster")
+            for arm, (n, lead, why) in sorted(cell.out_raced.items()):
+                say(f"concurrency {c}: {arm} left after {n} rounds ({why}; {lead} leads)")
         outcomes: list[TuneOutcome] = []
         done: dict[str, TuneResult] = {}
         for i, r in enumerate(resolved):

@@ -17,6 +17,8 @@ from spectool.decide.paired import paired_estimate
 from spectool.measure.runner import TrialConfig, TrialResult, load_trials
 from spectool.tuning.joint import (
     BASE,
+    SLOWER,
+    SPENT,
     Arm,
     JointBlocks,
     MethodFiles,
@@ -166,7 +168,7 @@ def test_an_arm_the_leader_beats_head_to_head_leaves_before_its_own_rule_stops(
     bench = Bench({A: 18.0, B: 18.7, even: 90.0}, speed=lambda t: 1.0 + 0.3 * np.sin(3 * t))
     cell = measure_joint(C, [A, B, even], bench.block, budget_s=1e9, **PASS)
     first = look_every(1)
-    assert cell.out_raced == {even: (first, A)}
+    assert cell.out_raced == {even: (first, A, SLOWER)}
     assert [even in got for got in cell.rounds] == [True] * first + [False] * (
         len(cell.rounds) - first
     )
@@ -191,6 +193,20 @@ def test_an_arm_the_leader_beats_head_to_head_leaves_before_its_own_rule_stops(
         f"concurrency {C}: eagle3 k={K} left the rounds after {first}, draft_model k={K} "
         "proven faster head to head; its cell is what those rounds say"
     ]
+
+
+def test_a_third_arm_leaves_when_its_budget_is_spent_the_leaders_keep_the_minimum() -> None:
+    """Budget spent at the first look: the two leaders stay to the pairs the budget's minimum
+    asks for (their verdicts decide), the third method, not proven slower in 4 pairs, leaves
+    there ('spent'); before, all three stayed."""
+    third = Arm("eagle3", K)
+    bench = Bench({A: 18.0, B: 18.5, third: 19.5}, speed=lambda t: 1.0 + 0.3 * np.sin(3 * t))
+    cell = measure_joint(C, [A, B, third], bench.block, budget_s=0.0, **PASS)
+    first = look_every(1)
+    assert cell.out_raced == {third: (first, A, SPENT)}
+    assert len(cell.rounds) == MIN_PAIRS_OVER_BUDGET > first
+    assert [third in got for got in cell.rounds].count(True) == first
+    assert all(A in got and B in got for got in cell.rounds)
 
 
 def _plans() -> dict[str, CellPlan]:
