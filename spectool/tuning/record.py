@@ -104,6 +104,7 @@ def tune_json(outcome: TuneOutcome) -> dict[str, Any]:
             "n_boot": req.n_boot,
             "seed": req.seed,
             "min_gain": req.min_gain,
+            "objective": req.objective,  # what decided (goodput: with its SLO)
             "pairing": {
                 "budget_s": req.budget_s,
                 "block_waves": BLOCK_WAVES,
