@@ -2,7 +2,7 @@
 ``--goodput``), paired per block like every other objective.
 
 The records are built with known latencies (the decision logic, not a measurement); the
-objective end to end on the embedded engine is in tests/tune/test_rates.py.
+objective end to end on the embedded engine is in tests/tune/test_goodput_tune.py.
 """
 
 from __future__ import annotations
