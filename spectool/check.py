@@ -18,6 +18,7 @@ from spectool.errors import BadInputError
 from spectool.findings import Finding, Severity, error, info, sort_findings
 from spectool.inputs import check_pair_options
 from spectool.memory import GIB, MemoryEstimate, estimate_memory, memory_findings
+from spectool.parallel import ParallelLayout, layout_from_flags, validate_for_checkpoint
 
 ENGINES = ("trtllm", "torch", "none")
 DEFAULT_PROFILE = "demo"
@@ -50,6 +51,34 @@ class PairOptions:
     max_batch_size: int | None = None
     max_seq_len: int | None = None
     trust_remote_code: bool = False
+    # The rest of the parallel layout (spectool.parallel); tp above is its tensor-parallel size.
+    pp: int = 1
+    ep: int = 1
+    attention_dp: bool = False
+    nodes: int = 1
+    gpus_per_node: int | None = None
+
+    def layout(self) -> ParallelLayout:
+        """The parallel layout asked for (:func:`spectool.parallel.layout_from_flags`)."""
+        return layout_from_flags(
+            tp=self.tp,
+            pp=self.pp,
+            ep=self.ep,
+            attention_dp=self.attention_dp,
+            nodes=self.nodes,
+            gpus_per_node=self.gpus_per_node,
+        )
+
+    @property
+    def plain_tp(self) -> bool:
+        """Only --tp (one node, no PP/EP/attention DP): the single-table memory estimate."""
+        return (
+            self.pp == 1
+            and self.ep == 1
+            and not self.attention_dp
+            and self.nodes == 1
+            and self.gpus_per_node in (None, self.tp)
+        )
 
     def pair_options(self, **changes: Any) -> dict[str, Any]:
         """These options as keyword arguments (``changes`` replace some)."""
@@ -162,6 +191,7 @@ def run_check(req: CheckRequest) -> CheckReport:
             "--engine", f"unknown engine {req.engine!r}; choose from {', '.join(ENGINES)}"
         )
     check_pair_options(req)  # bad input (exit 2) before anything is read
+    layout = req.layout()
     target_ref, drafter_ref, method, max_draft_len, profile = expand_profile(req)
     recipe = _recipe(profile)
     try:
@@ -173,6 +203,7 @@ def run_check(req: CheckRequest) -> CheckReport:
         if not _profile_only_ok(req, recipe, target_ref, drafter_ref):
             raise
         return _profile_only_report(req, recipe, profile, exc)
+    validate_for_checkpoint(layout, target)  # bad layout: exit 2 naming the flag
     method = resolve_method(method, target, drafter)
     if max_draft_len is None:
         native = methods.get(method).uses_native_layers
@@ -197,16 +228,18 @@ def run_check(req: CheckRequest) -> CheckReport:
     gpu_json = None
     if gpu_spec is not None:
         gpu_json = {"name": gpu_spec.name, "sm": gpu_spec.sm, "memory_gib": gpu_spec.memory_gib}
-        memory = estimate_memory(
-            target,
-            drafter,
-            method,
-            gpu_name=gpu_spec.name,
-            gpu_memory_bytes=int(gpu_spec.memory_gib * GIB),
-            tp=req.tp,
-            max_seq_len=max_seq_len,
-            max_draft_len=max_draft_len,
-        )
+        sizes = {
+            "gpu_name": gpu_spec.name,
+            "gpu_memory_bytes": int(gpu_spec.memory_gib * GIB),
+            "max_seq_len": max_seq_len,
+            "max_draft_len": max_draft_len,
+        }
+        if req.plain_tp:
+            memory = estimate_memory(target, drafter, method, tp=req.tp, **sizes)
+        else:
+            from spectool.memory_ranks import rank_memory
+
+            memory = rank_memory(target, drafter, method, layout, **sizes)
         findings += memory_findings(memory, req.max_batch_size)
     pays = None
     if gpu_spec is not None and any(f.severity is Severity.ERROR for f in findings):
@@ -263,7 +296,15 @@ def _profile_only_report(
     """Headers unavailable (offline, not cached): the prediction from the profile's geometry,
     and a finding naming every check that did not run. Verdict ``unverified``."""
     from spectool.findings import warning
+    from spectool.parallel import validate_layout
 
+    geometry = recipe.geometry.target
+    validate_layout(
+        req.layout(),
+        heads=geometry.num_attention_heads,
+        layers=geometry.num_layers,
+        experts=geometry.num_experts or None,
+    )
     gpu_spec = _resolve_gpu(req.gpu)
     method = recipe.method if req.method == "auto" else req.method
     max_draft_len = req.max_draft_len or recipe.max_draft_len
@@ -408,6 +449,18 @@ def _trtllm_rules(
         release=release,
         sm=gpu_spec.sm if gpu_spec is not None else None,
     )
+    from spectool.parallel import release_layout_problem
+
+    if req.trtllm_backend in releases.release_info(release).backends:
+        problem = release_layout_problem(req.layout(), release, req.trtllm_backend)
+        if problem is not None:
+            findings.append(
+                error(
+                    "LAYOUT_UNSUPPORTED_BY_RELEASE",
+                    problem,
+                    "Use a TensorRT-LLM release whose LLM API has these options.",
+                )
+            )
     info_json = {
         "version": version,
         "installed": installed,

@@ -38,6 +38,9 @@ def check_pair_options(opts: Any) -> None:
 
     check_range("--max-draft-len", opts.max_draft_len, 1, MAX_DRAFT_LEN)
     check_range("--tp", opts.tp)
+    for flag, name in (("--pp", "pp"), ("--ep", "ep"), ("--nodes", "nodes")):
+        check_range(flag, getattr(opts, name, 1))
+    check_range("--gpus-per-node", getattr(opts, "gpus_per_node", None))
     check_range("--max-batch-size", opts.max_batch_size)
     check_range("--max-seq-len", opts.max_seq_len, 2)
     if opts.method != "auto" and not methods.is_method(opts.method):

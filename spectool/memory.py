@@ -79,6 +79,10 @@ class MemoryEstimate:
     kv_budget_with_drafter_bytes: int
     sequences_without_drafter: int
     sequences_with_drafter: int
+    # A parallel layout (spectool.memory_ranks): the layout, and one row per pipeline stage; the
+    # fields above are then the tightest stage's.
+    layout: dict[str, Any] | None = None
+    per_rank: tuple[dict[str, Any], ...] = ()
 
     @property
     def drafter_share_of_kv(self) -> float:
@@ -127,13 +131,27 @@ def estimate_memory(
     max_seq_len: int = 8192,
     max_draft_len: int = 4,
     max_num_tokens: int = 8192,
+    target_weight_bytes: int | None = None,
+    target_kv_bytes_per_token: int | None = None,
+    drafter_weight_bytes: int | None = None,
+    drafter_kv_bytes_per_token: int | None = None,
 ) -> MemoryEstimate:
-    target_weights = target.weight_bytes // tp
+    """The estimate for one GPU; the ``*_bytes`` overrides give one rank's own amounts (a
+    parallel layout, :mod:`spectool.memory_ranks`) instead of the whole model divided by TP."""
+    target_weights = (
+        target.weight_bytes // tp if target_weight_bytes is None else target_weight_bytes
+    )
     hidden = target.hidden_size or 0
     activations = max_num_tokens * hidden * 2 * 8 // tp  # a few live [tokens, hidden] buffers
     reserve = CUDA_CONTEXT_BYTES + DEFAULT_GRAPH_BATCH_SIZES * CUDA_GRAPH_BYTES + activations
     t_kv = kv_bytes_per_token(target, tp=tp)
+    if target_kv_bytes_per_token is not None:
+        t_kv = target_kv_bytes_per_token
     d_weights, d_kv = drafter_footprint(target, drafter, method, tp)
+    if drafter_weight_bytes is not None:
+        d_weights = drafter_weight_bytes
+    if drafter_kv_bytes_per_token is not None:
+        d_kv = drafter_kv_bytes_per_token
     free_base = max(0, gpu_memory_bytes - target_weights - reserve)
     free_spec = max(0, free_base - d_weights)
     budget_base = int(free_base * KV_CACHE_FRACTION)

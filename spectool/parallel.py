@@ -1,7 +1,10 @@
 """A parallel layout (TP, PP, expert parallelism, attention DP, nodes) checked against a model.
 
-Partial work on issue 25: the layout and its validation only; the CLI flags, per-rank memory,
-step cost and launch files are not wired to it yet. The rules mirror TensorRT-LLM's
+Issue 25: ``check`` and ``build`` take ``--tp/--pp/--ep/--attention-dp/--nodes/--gpus-per-node``
+(:func:`layout_from_flags`), validate them against the target (:func:`validate_for_checkpoint`),
+estimate memory per rank (:mod:`spectool.memory_ranks`) and write the layout into TensorRT-LLM's
+YAML and launch files (:mod:`spectool.deploy.launch_files`). The step-cost model does not use it
+yet. The rules mirror TensorRT-LLM's
 ``tensorrt_llm/mapping.py`` ``Mapping.__init__`` (NVIDIA/TensorRT-LLM at commit 05ebebb2c1d3):
 
 - ``world_size`` must equal ``tp_size * pp_size * cp_size`` (spectool has no CP: ``cp = 1``);
@@ -13,8 +16,20 @@ step cost and launch files are not wired to it yet. The rules mirror TensorRT-LL
 - ``is_multi_node``: ``world_size > gpus_per_node``.
 
 Heads divisible by TP is spectool's own rule (attention heads are split evenly across the TP
-group unless attention DP replicates attention). Which layouts each release supports together
-with each speculative method is not encoded yet.
+group unless attention DP replicates attention).
+
+Speculation with these layouts: no TensorRT-LLM rule refusing a speculative method with PP,
+EP or attention DP was found in the stored source (searched: ``modeling_speculative.py`` @
+b35ac1b64368, ``mapping.py``, ``llm_args.py``; e.g. no "MTP with attention DP" or "EAGLE-3 with
+PP" refusal), so spectool encodes none. What the source does say is where the drafter lives,
+used by :mod:`spectool.memory_ranks`: ``SpecDecOneEngineForCausalLM.__init__`` builds the
+one-model draft module (EAGLE-3 head, MTP layers) on every rank, with no pipeline-stage
+condition; ``Eagle3Attention`` and ``Eagle3DecoderLayer`` use ``tp_size = 1`` /
+``overridden_tp_size=1`` under ``mapping.enable_attention_dp`` (replicated), TP-split otherwise.
+
+Each release's LLM-API option table (spectool's copy, ``spectool/trtllm/schema/<release>.json``)
+must have the four layout fields (:func:`release_layout_problem`); all generations spectool knows
+(0.21 to main) have them.
 """
 
 from __future__ import annotations
@@ -115,3 +130,87 @@ def validate_layout(
         raise BadInputError(
             "--ep", f"the model's {experts} experts do not split over EP {layout.ep}"
         )
+
+
+def layout_from_flags(
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    ep: int = 1,
+    attention_dp: bool = False,
+    nodes: int = 1,
+    gpus_per_node: int | None = None,
+) -> ParallelLayout:
+    """The layout the flags ask for; ``gpus_per_node`` defaults to TP x PP / nodes.
+
+    :class:`BadInputError` (exit 2) when the ranks do not spread evenly over ``nodes`` with no
+    ``--gpus-per-node`` given (the other rules are :func:`validate_layout`'s).
+    """
+    if gpus_per_node is None:
+        world = tp * pp
+        if nodes >= 1 and world % nodes:
+            raise BadInputError(
+                "--nodes",
+                f"TP {tp} x PP {pp} = {world} ranks do not spread evenly over {nodes} nodes; "
+                "pass --gpus-per-node",
+            )
+        gpus_per_node = max(1, world // max(nodes, 1))
+    return ParallelLayout(
+        tp=tp, pp=pp, ep=ep, attention_dp=attention_dp, nodes=nodes, gpus_per_node=gpus_per_node
+    )
+
+
+def moe_experts(config: dict) -> int | None:
+    """Routed experts of a (text) config, None for a dense model.
+
+    The keys TensorRT-LLM's model configs read: ``n_routed_experts`` (DeepSeek),
+    ``num_local_experts`` (Mixtral, GPT-OSS), ``num_experts`` (Qwen-MoE).
+    """
+    for key in ("n_routed_experts", "num_local_experts", "num_experts"):
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def validate_for_checkpoint(layout: ParallelLayout, ckpt: object) -> None:
+    """:func:`validate_layout` against a checkpoint's heads, layers and routed experts."""
+    heads = getattr(ckpt, "num_attention_heads", None) or 1
+    layers = getattr(ckpt, "num_layers", None) or 1
+    experts = moe_experts(getattr(ckpt, "text_config", {}) or {})
+    validate_layout(layout, heads=heads, layers=layers, experts=experts)
+
+
+def release_layout_problem(layout: ParallelLayout, release: str, backend: str) -> str | None:
+    """Why ``release`` cannot express ``layout`` in its YAML (a field its option table lacks);
+    None when it can. Only fields the layout changes from one GPU are required."""
+    from spectool.trtllm.releases import load_schema
+
+    top = load_schema(release).top_class(backend)
+    defaults = ParallelLayout()
+    missing = [
+        key
+        for key, value in layout.llm_api_fields().items()
+        if key not in top.keys and value != defaults.llm_api_fields()[key]
+    ]
+    if not missing:
+        return None
+    return (
+        f"TensorRT-LLM {release} ({backend}) has no {', '.join(missing)} option; this layout "
+        "cannot be written for it"
+    )
+
+
+def pp_stage_layers(num_layers: int, pp: int) -> list[range]:
+    """Layers of each pipeline stage as TensorRT-LLM splits them: ``Mapping.pp_layers`` uses
+    ``torch.tensor_split(torch.arange(num_layers), pp_size)``, so when ``num_layers % pp = n``
+    the first ``n`` stages get one layer more (``tensorrt_llm/mapping.py``, the stored versions
+    with ``pp_partition``; older ones gave every stage ``num_layers // pp_size``)."""
+    base, extra = divmod(num_layers, pp)
+    out: list[range] = []
+    start = 0
+    for stage in range(pp):
+        size = base + (1 if stage < extra else 0)
+        out.append(range(start, start + size))
+        start += size
+    return out

@@ -10,14 +10,19 @@ from spectool.cli.help import MAIN, command_class, option
 from spectool.cli.options import (
     AcceptanceLengthOpt,
     AcceptanceRateOpt,
+    AttentionDpOpt,
     ConcurrencyListOpt,
     DrafterArg,
+    EpOpt,
     GpuOpt,
+    GpusPerNodeOpt,
     JsonOpt,
     MaxBatchOpt,
     MaxDraftLenOpt,
     MaxSeqOpt,
     MethodOpt,
+    NodesOpt,
+    PpOpt,
     ProfileOpt,
     TargetArg,
     TpOpt,
@@ -49,6 +54,11 @@ def check(
     trtllm_backend: TrtllmBackendOpt = "pytorch",
     gpu: GpuOpt = "auto",
     tp: TpOpt = 1,
+    pp: PpOpt = 1,
+    ep: EpOpt = 1,
+    attention_dp: AttentionDpOpt = False,
+    nodes: NodesOpt = 1,
+    gpus_per_node: GpusPerNodeOpt = None,
     max_batch_size: CheckMaxBatchOpt = None,
     max_seq_len: MaxSeqOpt = None,
     trust_remote_code: TrustRemoteCodeOpt = False,
@@ -78,6 +88,11 @@ def check(
             trtllm_backend=trtllm_backend,
             gpu=gpu,
             tp=tp,
+            pp=pp,
+            ep=ep,
+            attention_dp=attention_dp,
+            nodes=nodes,
+            gpus_per_node=gpus_per_node,
             max_batch_size=max_batch_size,
             max_seq_len=max_seq_len,
             trust_remote_code=trust_remote_code,
@@ -117,6 +132,8 @@ def render_report(report) -> None:  # noqa: ANN001 - CheckReport, imported lazil
             f"{m.max_seq_len} tokens: {m.sequences_without_drafter} without the drafter, "
             f"{m.sequences_with_drafter} with it"
         )
+        if m.per_rank:
+            console.print(_ranks_table(m))
     elif report.gpu is None:
         console.print("memory: no GPU known (pass --gpu NAME for an estimate)")
     if report.findings:
@@ -191,6 +208,42 @@ def _models_table(report):  # noqa: ANN001, ANN202 - CheckReport -> rich Table
         for role, values in rows.items():
             models.add_row(role, *values)
     return models
+
+
+def _ranks_table(memory):  # noqa: ANN001, ANN202 - MemoryEstimate -> rich Table
+    """Memory per rank, one row per pipeline stage (its TP ranks hold the same)."""
+    from rich.table import Table
+
+    from spectool.cli.output import gib
+
+    lay = memory.layout or {}
+    title = (
+        f"Per rank: TP {lay.get('tp')} x PP {lay.get('pp')}, EP {lay.get('ep')}"
+        f"{', attention DP' if lay.get('attention_dp') else ''} on {lay.get('nodes')} x "
+        f"{lay.get('gpus_per_node')} GPUs"
+    )
+    table = Table(title=title, show_header=True)
+    for name in ("ranks", "node", "layers", "target", "experts", "drafter", "KV B/tok", "seqs"):
+        table.add_column(name, overflow="fold")
+    for row in memory.per_rank:
+        experts = gib(row["expert_bytes"])
+        if row["experts_per_rank"]:
+            experts += f" ({row['experts_per_rank']}/layer)"
+        table.add_row(
+            row["ranks"],
+            row["nodes"],
+            row["layers"],
+            gib(row["weight_bytes"] - row["drafter_bytes"]),
+            experts,
+            gib(row["drafter_bytes"]),
+            str(row["kv_bytes_per_token"] + row["drafter_kv_bytes_per_token"]),
+            f"{row['sequences_without_drafter']}/{row['sequences_with_drafter']}",
+        )
+    table.caption = (
+        "target: weights per rank incl. experts and embedding; drafter: "
+        f"{memory.per_rank[0]['drafter_placement']}; seqs: without/with the drafter"
+    )
+    return table
 
 
 def _help_defaults() -> dict[str, str]:

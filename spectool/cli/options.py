@@ -73,6 +73,32 @@ GpuOpt = Annotated[
     ),
 ]
 TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel size.", rich_help_panel=ENGINE)]
+# The rest of the parallel layout (spectool.parallel); TP x PP ranks = nodes x GPUs per node.
+PpOpt = Annotated[int, typer.Option("--pp", help="Pipeline-parallel size.", rich_help_panel=ENGINE)]
+EpOpt = Annotated[
+    int,
+    typer.Option("--ep", help="Expert-parallel size (MoE; divides --tp).", rich_help_panel=ENGINE),
+]
+AttentionDpOpt = Annotated[
+    bool,
+    typer.Option(
+        "--attention-dp",
+        help="Attention data parallelism (MoE): attention replicated per rank.",
+        rich_help_panel=ENGINE,
+    ),
+]
+NodesOpt = Annotated[
+    int, typer.Option("--nodes", help="Nodes the ranks run on.", rich_help_panel=ENGINE)
+]
+GpusPerNodeOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--gpus-per-node",
+        help="GPUs used per node.",
+        show_default="TP x PP / --nodes",
+        rich_help_panel=ENGINE,
+    ),
+]
 MaxBatchOpt = Annotated[
     int | None,
     typer.Option("--max-batch-size", help="Largest batch the server runs.", rich_help_panel=ENGINE),

@@ -41,6 +41,7 @@ from spectool.deploy.manifest import (
     EngineStep,
     GpuRecord,
     Manifest,
+    ParallelRecord,
     TrtllmRecord,
     checkpoint_record,
     model_ref,
@@ -203,6 +204,12 @@ def build_argv(inputs: BuildInputs, out: Path) -> tuple[str, ...]:
     if inputs.gpu.spec is not None:
         argv += ["--gpu", inputs.gpu.spec.name]
     argv += ["--tp", str(req.tp)]
+    if not req.plain_tp:
+        layout = req.layout()
+        argv += ["--pp", str(layout.pp), "--ep", str(layout.ep)]
+        argv += ["--nodes", str(layout.nodes), "--gpus-per-node", str(layout.gpus_per_node)]
+        if layout.attention_dp:
+            argv.append("--attention-dp")
     if req.max_batch_size is not None:
         argv += ["--max-batch-size", str(req.max_batch_size)]
     if req.max_seq_len is not None:
@@ -262,6 +269,7 @@ def plan_build(inputs: BuildInputs) -> BuildPlan:
     target_model = model_ref(report.target)
     drafter_model = model_ref(report.drafter) if report.drafter is not None else None
     files: dict[str, bytes] = {}
+    parallel: ParallelRecord | None = None
     trtllm: TrtllmRecord | None = None
     steps: tuple[EngineStep, ...] = ()
     runnable = True
@@ -291,8 +299,12 @@ def plan_build(inputs: BuildInputs) -> BuildPlan:
             "build_dir": out,
             "tp": req.tp,
         }
+        layout_flags = () if req.plain_tp else tuple(req.layout().serve_flags())
+        common["layout_flags"] = layout_flags
         serve = launch.trtllm_server_argv(config_name=spec_name, speculative=True, **common)
         serve_base = launch.trtllm_server_argv(config_name=base_name, speculative=False, **common)
+        if layout_flags:
+            parallel = _parallel_record(inputs, serve, files)
         if t["backend"] == "tensorrt":
             steps, runnable, step_notes = engine_steps(
                 report, out=out, limits=limits, tp=req.tp, examples=req.trtllm_examples
@@ -357,8 +369,35 @@ def plan_build(inputs: BuildInputs) -> BuildPlan:
         commands=CommandsRecord(
             build=build_argv(inputs, out), serve=tuple(serve), serve_baseline=tuple(serve_base)
         ),
+        parallel=parallel,
     )
     return BuildPlan(out, files, manifest, tuple(notes), steps, runnable, tuple(warnings))
+
+
+def _parallel_record(
+    inputs: BuildInputs, serve: list[str], files: dict[str, bytes]
+) -> ParallelRecord:
+    """The layout, its memory per rank, and its launch files (added to ``files``)."""
+    from spectool.deploy.launch_files import launch_files
+
+    req, report = inputs.request, inputs.report
+    layout = req.layout()
+    title = f"{report.method} k={report.max_draft_len}, {Path(serve[1]).name} on TensorRT-LLM"
+    written = launch_files(serve, layout, title=title)
+    files.update(written)
+    memory = report.memory
+    return ParallelRecord(
+        tp=layout.tp,
+        pp=layout.pp,
+        ep=layout.ep,
+        attention_dp=layout.attention_dp,
+        nodes=layout.nodes,
+        gpus_per_node=layout.gpus_per_node,
+        world_size=layout.world_size,
+        serve_flags=tuple(layout.serve_flags()),
+        per_rank=memory.per_rank if memory is not None else (),
+        launch_files=tuple(written),
+    )
 
 
 def _drafter_record(ckpt: Checkpoint | None, ref: str | None) -> CheckpointRecord | None:

@@ -81,8 +81,10 @@ def trtllm_server_argv(
     port: int = DEFAULT_PORT,
     executable: str = "trtllm-serve",
     extra: Sequence[str] = (),
+    layout_flags: Sequence[str] = (),
 ) -> list[str]:
-    """``trtllm-serve`` argv serving ``build_dir/config_name`` (see the module docstring)."""
+    """``trtllm-serve`` argv serving ``build_dir/config_name`` (see the module docstring);
+    ``layout_flags`` (a parallel layout's ``serve_flags()``) replace ``--tp_size``."""
     from spectool.trtllm.launch import build_serve_argv
 
     legacy = backend == "tensorrt"
@@ -100,7 +102,8 @@ def trtllm_server_argv(
         port=port,
         executable=executable,
         tokenizer=target_model if legacy else None,
-        tp_size=tp if tp > 1 else None,
+        tp_size=tp if tp > 1 and not layout_flags else None,
+        parallel_flags=layout_flags,
     )
     return [*argv, *extra]
 
@@ -161,6 +164,7 @@ def serve_command(
             port=port,
             executable=trtllm_serve,
             extra=extra,
+            layout_flags=manifest.parallel.serve_flags if manifest.parallel else (),
         )
     return ServeCommand(tuple(argv), name, speculative, manifest.engine)
 

@@ -136,6 +136,23 @@ class DecisionRecord(_Record):
     rates_objective: str | None = None
 
 
+class ParallelRecord(_Record):
+    """A parallel layout beyond plain ``--tp`` (:mod:`spectool.parallel`): the layout, its
+    ``trtllm-serve`` flags, memory per pipeline stage (:mod:`spectool.memory_ranks`) and the
+    launch files written for it (:mod:`spectool.deploy.launch_files`)."""
+
+    tp: int = Field(ge=1)
+    pp: int = Field(ge=1)
+    ep: int = Field(ge=1)
+    attention_dp: bool
+    nodes: int = Field(ge=1)
+    gpus_per_node: int = Field(ge=1)
+    world_size: int = Field(ge=1)
+    serve_flags: tuple[str, ...]
+    per_rank: tuple[dict[str, Any], ...]
+    launch_files: tuple[str, ...] = ()
+
+
 class CommandsRecord(_Record):
     """Command lines: ``build`` reproduces the folder; ``serve``/``serve_baseline`` start the
     server with and without speculation (``spectool serve`` runs them)."""
@@ -163,6 +180,7 @@ class Manifest(_Record):
     engine_build: EngineBuildRecord | None
     notes: tuple[str, ...] = ()
     commands: CommandsRecord
+    parallel: ParallelRecord | None = None
 
     @property
     def config_files(self) -> tuple[str, str]:
@@ -171,7 +189,10 @@ class Manifest(_Record):
 
     def to_bytes(self) -> bytes:
         """Stable JSON (field order, 2-space indent, trailing newline)."""
-        return (json.dumps(self.model_dump(mode="json"), indent=2) + "\n").encode("utf-8")
+        data = self.model_dump(mode="json")
+        if data.get("parallel") is None:  # single-node --tp builds keep their bytes
+            data.pop("parallel", None)
+        return (json.dumps(data, indent=2) + "\n").encode("utf-8")
 
 
 def sha256_hex(data: bytes) -> str:

@@ -75,7 +75,17 @@ def trtllm_files(
         drafter_ref = model_ref(report.drafter)
         if backend == "pytorch" and release in LOCAL_DRAFTER_RELEASES:
             drafter_ref = local_drafter(drafter_ref, report.drafter, release, inputs.request)
-    extra = {"max_seq_len": limits.max_seq_len}
+    extra: dict[str, Any] = {"max_seq_len": limits.max_seq_len}
+    req = inputs.request
+    if not req.plain_tp:
+        from spectool.errors import ConfigError
+        from spectool.parallel import release_layout_problem
+
+        layout = req.layout()
+        problem = release_layout_problem(layout, release, backend)
+        if problem is not None:
+            raise ConfigError("--tp/--pp/--ep/--attention-dp", problem)
+        extra.update(layout.llm_api_fields())
     speculative = render_speculative_yaml(
         report.method,
         release,

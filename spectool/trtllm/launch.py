@@ -17,6 +17,7 @@ flags win [SRC]; pass each limit in one place only (spectool writes them into th
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 from spectool.errors import ConfigError, EngineMissingError
@@ -86,13 +87,15 @@ def build_serve_argv(
     max_seq_len: int | None = None,
     kv_cache_free_gpu_memory_fraction: float | None = None,
     log_level: str | None = None,
+    parallel_flags: Sequence[str] = (),
 ) -> list[str]:
     """argv for ``trtllm-serve MODEL ...`` on ``release``/``backend``.
 
     ``model`` is an HF id or checkpoint folder (PyTorch) or an engine folder (TensorRT; then pass
     ``tokenizer``). ``config_path`` is the YAML from :mod:`spectool.trtllm.spec_yaml`. The server
     binds ``host`` which must be a loopback address. Raises :class:`ConfigError` for a backend the
-    release lacks or a bad value.
+    release lacks or a bad value. ``parallel_flags`` are a layout's own flags
+    (:meth:`spectool.parallel.ParallelLayout.serve_flags`; give them instead of ``tp_size``).
     """
     check_backend(backend)
     info = release_info(release)
@@ -142,6 +145,7 @@ def build_serve_argv(
     for flag, value in optional:
         if value is not None:
             argv += [flag, str(value)]
+    argv += list(parallel_flags)
     unknown = [a for a in argv if a.startswith("--") and a not in info.serve_flags]
     assert not unknown, f"flags not in the {release} table: {unknown}"
     return argv

@@ -277,6 +277,9 @@ _COMMON_FLAGS = frozenset(
         "--tp_size",
         "--pp_size",
         "--ep_size",
+        # every stored serve.py with --ep_size has it too (e.g. tensorrt_llm/commands/serve.py
+        # @00209af: "Number of GPUs per node. Default to None, and it will be detected")
+        "--gpus_per_node",
         "--kv_cache_free_gpu_memory_fraction",
         "--extra_llm_api_options",
     }
