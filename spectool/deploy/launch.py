@@ -221,6 +221,16 @@ def prepare_serve(
         raise BadInputError(
             "--engine", f"{build_dir} was built for engine {manifest.engine}, not {engine}"
         )
+    layout = manifest.parallel
+    if layout is not None and layout.nodes > 1:
+        # one trtllm-serve here cannot start ranks on other nodes (issue 25: serve --launcher
+        # slurm is not done yet); the build's launch files do it
+        raise BuildMismatchError(
+            f"{build_dir} was built for {layout.nodes} nodes x {layout.gpus_per_node} GPUs "
+            f"(TP {layout.tp} x PP {layout.pp}); start it with `sbatch "
+            f"{build_dir / 'launch.slurm'}` or `HOSTFILE=... bash "
+            f"{build_dir / 'launch-mpirun.sh'}` (spectool serve runs single-node builds only)"
+        )
     if manifest.engine == "trtllm" and trtllm_serve is None:
         from spectool.trtllm.launch import find_trtllm_serve
 

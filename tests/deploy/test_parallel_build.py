@@ -231,3 +231,53 @@ def test_deepseek_profile_layout_checked_offline_against_its_geometry(offline, c
     assert json.loads(capsys.readouterr().out)["verdict"] == "unverified"
     assert main(["check", "deepseek-v3-mtp", "--gpu", "h200", "--tp", "8", "--ep", "16"]) == 2
     assert "--ep: EP 16 must divide TP 8" in capsys.readouterr().err
+
+
+def test_serve_refuses_a_multi_node_build_and_names_the_launch_files(
+    make_ckpt, tmp_path, capsys
+) -> None:
+    target = str(_llama_405b(tmp_path))
+    out = tmp_path / "build"
+    argv = ["build", target, str(make_ckpt(LLAMA8B)), "--method", "draft_model", "--gpu", "h200"]
+    assert main([*argv, *L405_LAYOUT, "--trtllm-version", "1.2.1", "--out", str(out)]) == 0
+    capsys.readouterr()
+    from spectool.deploy.launch import prepare_serve
+    from spectool.errors import BuildMismatchError
+
+    with pytest.raises(BuildMismatchError, match="launch.slurm"):
+        prepare_serve(out, trtllm_serve="/bin/true")
+
+
+def test_a_release_without_a_layout_field_is_refused(make_ckpt, tmp_path, capsys, monkeypatch):
+    import spectool.parallel as parallel
+
+    real = parallel.release_layout_problem
+
+    def lacking(layout, release, backend):  # noqa: ANN001, ANN202 - a release without the field
+        if layout.attention_dp:
+            return f"TensorRT-LLM {release} ({backend}) has no enable_attention_dp option"
+        return real(layout, release, backend)
+
+    monkeypatch.setattr(parallel, "release_layout_problem", lacking)
+    ds = str(make_ckpt(DSV3))
+    pair = [ds, "self", "--method", "mtp", "--gpu", "h200", *DSV3_LAYOUT]
+    code, report = _run(capsys, "check", *pair, "--json")
+    assert code == 1
+    codes = {f["code"]: f["message"] for f in report["findings"]}
+    assert "enable_attention_dp" in codes["LAYOUT_UNSUPPORTED_BY_RELEASE"]
+    out = tmp_path / "refused"
+    assert main(["build", *pair, "--out", str(out)]) == 1 and not out.exists()
+    capsys.readouterr()
+    # without attention DP the same release takes the layout
+    assert (
+        main(["check", ds, "self", "--method", "mtp", "--gpu", "h200", "--tp", "8", "--ep", "8"])
+        == 0
+    )
+
+
+def test_release_layout_problem_reads_the_option_table() -> None:
+    from spectool.parallel import ParallelLayout, release_layout_problem
+
+    layout = ParallelLayout(tp=8, pp=2, ep=8, attention_dp=True, nodes=2, gpus_per_node=8)
+    for release in RELEASES:
+        assert release_layout_problem(layout, release, "pytorch") is None
