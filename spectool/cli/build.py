@@ -247,7 +247,26 @@ def _render(plan, written: list[Path]) -> None:  # noqa: ANN001 - BuildPlan, imp
         console.print(f"note: {line}", markup=False, style="yellow")
     for path in written:
         console.print(f"wrote {path}")
-    console.print("serve it: spectool serve " + str(plan.out))
+    lay = m.parallel
+    if lay is not None:
+        console.print(
+            f"layout: TP {lay.tp} x PP {lay.pp} = {lay.world_size} ranks, EP {lay.ep}"
+            f"{', attention DP' if lay.attention_dp else ''}, {lay.nodes} node(s) x "
+            f"{lay.gpus_per_node} GPUs; per rank: "
+            + ", ".join(
+                f"ranks {r['ranks']} {r['weight_bytes'] / 1024**3:.1f} GiB weights"
+                for r in lay.per_rank
+            ),
+            markup=False,
+        )
+    if lay is not None and lay.nodes > 1:
+        console.print(
+            f"start it: sbatch {plan.out / 'launch.slurm'} (or HOSTFILE=... bash "
+            f"{plan.out / 'launch-mpirun.sh'})",
+            markup=False,
+        )
+    else:
+        console.print("serve it: spectool serve " + str(plan.out))
 
 
 def _help_defaults() -> dict[str, str]:

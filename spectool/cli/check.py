@@ -226,9 +226,9 @@ def _ranks_table(memory):  # noqa: ANN001, ANN202 - MemoryEstimate -> rich Table
     for name in ("ranks", "node", "layers", "target", "experts", "drafter", "KV B/tok", "seqs"):
         table.add_column(name, overflow="fold")
     for row in memory.per_rank:
-        experts = gib(row["expert_bytes"])
+        experts = "-"  # a dense model
         if row["experts_per_rank"]:
-            experts += f" ({row['experts_per_rank']}/layer)"
+            experts = f"{gib(row['expert_bytes'])} ({row['experts_per_rank']}/layer)"
         table.add_row(
             row["ranks"],
             row["nodes"],

@@ -144,6 +144,13 @@ def check_build(req: BuildRequest) -> BuildInputs:
     if req.engine not in ENGINES:
         raise BadInputError("--engine", f"expected one of {', '.join(ENGINES)}, got {req.engine!r}")
     check_pair_options(req)  # bad input (exit 2) before the GPU is looked for
+    if not req.plain_tp and (req.engine != "trtllm" or req.trtllm_backend != "pytorch"):
+        # the embedded engine runs on one GPU; the legacy engine build plans TP only
+        where = "--engine torch" if req.engine != "trtllm" else "the tensorrt backend"
+        raise BadInputError(
+            "--pp/--ep/--attention-dp/--nodes",
+            f"parallel layouts are built for TensorRT-LLM's PyTorch backend, not {where}",
+        )
     decision: Decision | None = None
     decision_bytes: bytes | None = None
     if req.decision is not None:

@@ -281,3 +281,12 @@ def test_release_layout_problem_reads_the_option_table() -> None:
     layout = ParallelLayout(tp=8, pp=2, ep=8, attention_dp=True, nodes=2, gpus_per_node=8)
     for release in RELEASES:
         assert release_layout_problem(layout, release, "pytorch") is None
+
+
+@pytest.mark.parametrize(
+    "engine", [["--engine", "torch"], ["--trtllm-backend", "tensorrt", "--trtllm-version", "1.2.1"]]
+)
+def test_layouts_are_built_for_the_pytorch_backend_only(make_ckpt, tmp_path, capsys, engine):
+    argv = ["build", str(make_ckpt(DSV3)), "self", "--method", "mtp", "--gpu", "h200"]
+    assert main([*argv, *DSV3_LAYOUT, *engine, "--out", str(tmp_path / "b")]) == 2
+    assert "PyTorch backend" in capsys.readouterr().err and not (tmp_path / "b").exists()
