@@ -220,7 +220,13 @@ class Attention(nn.Module):
         else:
             q = q.reshape(bsz, seqlen, kv_heads, groups, head_dim).permute(0, 2, 3, 1, 4)
             q = q.reshape(bsz, kv_heads, groups * seqlen, head_dim)
-        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=step.mask)
+        spread = step.plan.spread if step.plan is not None else None
+        if spread is None:
+            y = F.scaled_dot_product_attention(q, keys, values, attn_mask=step.mask)
+        else:  # queries placed at their slots' rows of the range, the other rows dropped after
+            wide = q.new_zeros(keys.shape[0], *q.shape[1:]).index_copy_(0, spread, q)
+            y = F.scaled_dot_product_attention(wide, keys, values, attn_mask=step.mask)
+            y = y.index_select(0, spread)
         if seqlen > 1:  # back to token-major
             y = y.view(bsz, kv_heads, groups, seqlen, head_dim).permute(0, 3, 1, 2, 4)
         return self.wo.forward(y.reshape(n, heads * head_dim))
@@ -417,6 +423,10 @@ def make_step(
     plan = None
     if cache is not None and slots is not None:
         plan = cache.plan(slots, positions, kv_len, has_padding=min_pos < 0)
+        if plan.spread is not None and mask is not None and plan.keys is not None:
+            # Rows of the slot range outside the batch see every key (junk output, never NaN).
+            wide = mask.new_zeros(plan.keys.shape[1], *mask.shape[1:])
+            mask = wide.index_copy_(0, plan.spread, mask)
     return _Step(
         bsz=bsz,
         seqlen=seqlen,
