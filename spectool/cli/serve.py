@@ -100,6 +100,16 @@ ExpectedRateOpt = Annotated[
         rich_help_panel=LOAD,
     ),
 ]
+LAUNCHERS = ("local", "slurm")
+LauncherOpt = Annotated[
+    str,
+    typer.Option(
+        "--launcher",
+        help="Build DIR (TensorRT-LLM): local (trtllm-serve here) or slurm (the build's layout as a "
+        "Slurm batch job: sbatch, /health on the head rank, scancel on Ctrl-C).",
+        rich_help_panel=LOAD,
+    ),
+]
 ReadyTimeoutOpt = Annotated[
     float | None,
     typer.Option(
@@ -239,6 +249,7 @@ def serve(
     expected_concurrency: ExpectedConcurrencyOpt = None,
     expected_rate: ExpectedRateOpt = None,
     ready_timeout: ReadyTimeoutOpt = None,
+    launcher: LauncherOpt = "local",
     max_concurrency: MaxConcurrencyOpt = None,
     draft_len_schedule: DraftLenScheduleOpt = None,
     engine_config: EngineConfigOpt = None,
@@ -269,6 +280,7 @@ def serve(
             host=host,
             port=port,
             ready_timeout_s=ready_timeout,
+            launcher=launcher,
             passthrough=passthrough,
             torch_flags=_forwarded_torch_flags(
                 ctx, device, dtype, served_model_name, log_level, threads
@@ -285,7 +297,13 @@ def serve(
         raise BadInputError(
             "--", "extra server arguments need a build folder (spectool serve DIR -- ...)"
         )
-    for name in ("speculation", "expected_concurrency", "expected_rate", "ready_timeout"):
+    for name in (
+        "speculation",
+        "expected_concurrency",
+        "expected_rate",
+        "ready_timeout",
+        "launcher",
+    ):
         if _given(ctx, name):
             raise BadInputError(
                 f"--{name.replace('_', '-')}", "applies to a build folder (spectool serve DIR)"
@@ -382,6 +400,7 @@ def _serve_build(
     host: str,
     port: int,
     ready_timeout_s: float | None,
+    launcher: str,
     passthrough: list[str],
     torch_flags: list[str],
 ) -> int:
@@ -394,7 +413,17 @@ def _serve_build(
 
     if not 0 <= port <= 65535:
         raise BadInputError("--port", f"must be in 0..65535, got {port}")
+    if launcher not in LAUNCHERS:
+        raise BadInputError(
+            "--launcher", f"expected one of {', '.join(LAUNCHERS)}, got {launcher!r}"
+        )
     built_for = read_manifest(build_dir).engine
+    if launcher != "local" and built_for != "trtllm":
+        raise BadInputError(
+            "--launcher",
+            f"{launcher} launches TensorRT-LLM builds; {build_dir} "
+            f"was built for engine {built_for}",
+        )
     if built_for == "trtllm" and torch_flags:
         raise BadInputError(
             torch_flags[0],
@@ -412,6 +441,7 @@ def _serve_build(
         host=host,
         port=port,
         extra=[*torch_flags, *passthrough],
+        launcher=launcher,
     )
     for line in plan.warnings:
         typer.echo(f"spectool: warning: {line}", err=True)
@@ -437,6 +467,13 @@ def _serve_build(
 
     def ready(url: str, waited_s: float) -> None:
         typer.echo(f"spectool: ready after {waited_s:.1f} s: {url}/v1 (OpenAI API), {url}/metrics")
+
+    if launcher == "slurm":
+        from spectool.deploy.slurm import serve_build
+
+        echo = lambda line: typer.echo(line, err=True)  # noqa: E731
+        stopped = serve_build(plan, port=port, timeout_s=timeout_s, echo=echo, on_ready=ready)
+        return 130 if stopped == signal.SIGINT else 0
 
     result = run_supervised(spec, on_output=lambda line: typer.echo(line, err=True), on_ready=ready)
     typer.echo(f"spectool: {name} stopped", err=True)

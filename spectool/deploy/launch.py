@@ -200,6 +200,7 @@ def prepare_serve(
     extra: Sequence[str] = (),
     facts: MachineFacts | None = None,
     trtllm_serve: str | None = None,
+    launcher: str = "local",
 ) -> ServePlan:
     """Check a build folder against this machine, apply the cost gate, and build the command.
 
@@ -207,9 +208,14 @@ def prepare_serve(
     :class:`EngineMissingError` (no ``trtllm-serve``; checked first, with the install hint) and
     :class:`BuildMismatchError` listing every mismatch (GPU, TensorRT-LLM, engines, models).
     ``facts`` (this machine) and ``trtllm_serve`` (its path) are looked up when None.
+    ``launcher``: ``local`` runs the command here (single-node builds only); ``slurm`` runs it as
+    a batch job on the cluster's nodes (:mod:`spectool.deploy.slurm`), so this machine's GPUs and
+    ``trtllm-serve`` are not checked.
     """
     from spectool.deploy.machine import (
+        MachineCheck,
         changed_files,
+        checkpoint_problems,
         current_machine,
         engine_dir_problems,
         machine_problems,
@@ -222,23 +228,30 @@ def prepare_serve(
             "--engine", f"{build_dir} was built for engine {manifest.engine}, not {engine}"
         )
     layout = manifest.parallel
-    if layout is not None and layout.nodes > 1:
-        # one trtllm-serve here cannot start ranks on other nodes (issue 25: serve --launcher
-        # slurm is not done yet); the build's launch files do it
+    if layout is not None and layout.nodes > 1 and launcher == "local":
+        # one trtllm-serve here cannot start ranks on other nodes; Slurm or the launch files can
         raise BuildMismatchError(
             f"{build_dir} was built for {layout.nodes} nodes x {layout.gpus_per_node} GPUs "
-            f"(TP {layout.tp} x PP {layout.pp}); start it with `sbatch "
-            f"{build_dir / 'launch.slurm'}` or `HOSTFILE=... bash "
-            f"{build_dir / 'launch-mpirun.sh'}` (spectool serve runs single-node builds only)"
+            f"(TP {layout.tp} x PP {layout.pp}); serve it with --launcher slurm (or `sbatch "
+            f"{build_dir / 'launch.slurm'}`), or start `HOSTFILE=... bash "
+            f"{build_dir / 'launch-mpirun.sh'}`"
         )
+    if launcher == "slurm":  # the nodes run it: their GPUs and TensorRT-LLM are not this one's
+        trtllm_serve = trtllm_serve or "trtllm-serve"
     if manifest.engine == "trtllm" and trtllm_serve is None:
         from spectool.trtllm.launch import find_trtllm_serve
 
         trtllm_serve = find_trtllm_serve()
-    facts = current_machine() if facts is None else facts
-    check = machine_problems(manifest, facts)
-    errors = list(check.errors)
-    errors += engine_dir_problems(build_dir, manifest, facts)
+    if launcher == "slurm":
+        # Only what this machine can see of the nodes': the checkpoints (a shared filesystem);
+        # the GPUs and TensorRT-LLM are the nodes', checked there by trtllm-serve.
+        check = MachineCheck(tuple(checkpoint_problems(manifest)), ())
+        errors = list(check.errors)
+    else:
+        facts = current_machine() if facts is None else facts
+        check = machine_problems(manifest, facts)
+        errors = list(check.errors)
+        errors += engine_dir_problems(build_dir, manifest, facts)
     if errors:
         raise BuildMismatchError(f"{build_dir} does not fit this machine: " + "; ".join(errors))
     warnings = list(check.warnings)

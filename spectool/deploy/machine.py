@@ -159,7 +159,7 @@ def _trtllm_problems(manifest: Manifest, facts: MachineFacts) -> tuple[list[str]
     return errors, warnings
 
 
-def _checkpoint_problems(manifest: Manifest) -> list[str]:
+def checkpoint_problems(manifest: Manifest) -> list[str]:
     errors: list[str] = []
     for role, rec in (("target", manifest.target), ("drafter", manifest.drafter)):
         if rec is None:
@@ -191,7 +191,7 @@ def machine_problems(manifest: Manifest, facts: MachineFacts) -> MachineCheck:
         e, w = _trtllm_problems(manifest, facts)
         errors += e
         warnings += w
-    errors += _checkpoint_problems(manifest)
+    errors += checkpoint_problems(manifest)
     return MachineCheck(tuple(errors), tuple(warnings))
 
 
