@@ -35,7 +35,9 @@ KNOWN_OFF = {
     # be 2.3 ms slower unless that term were > 5.7 ms, more than the whole 4.49 ms step. The
     # comment predates SGLang's Qwen EAGLE-3 support (sgl-project/sglang PR #7745, merged
     # 2025-07-05): a patched build of mid-2025; AngelSlim #9 (SGLang 0.4.9.post2, 2025-07-15)
-    # reports ~130 tokens/s for the same model without EAGLE-3. Predicted 4.4 ms against 6.8.
+    # reports ~130 tokens/s for the same model without EAGLE-3. Predicted 4.4 ms against 6.8;
+    # NVIDIA's aiconfigurator-core (kernel timings of SGLang 0.5.14 on H200) predicts 3.9 ms
+    # (benchmarks/aiconfigurator_vs_published.py).
     "eagle-issue251-qwen3-30b-a3b-base",
 }
 
