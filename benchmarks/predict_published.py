@@ -12,7 +12,7 @@
 5. Out of sample, batch trend: the EAGLE-3 paper's SGLang/vLLM series (no acceptance length of
    their own; predicted from the reference one in their notes, never fitted).
 
-Offline, pure Python, ~10 s on a shared 2-core machine.
+Offline, pure Python, ~8 s on a shared 2-core machine.
 
     python benchmarks/predict_published.py [--folder tests/data/published]
 """

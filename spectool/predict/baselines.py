@@ -12,6 +12,15 @@ published absolute throughput: ``baselines.csv`` in the folder of ``results.csv`
 * ``single-stream``: one request at a time; the value is output tokens per second, i.e. one over
   the decode step (a short prompt's prefill is left in the source's figure, a few per cent).
 
+``attention_kv`` says how the engine version that was measured read a grouped-query (GQA/MQA)
+KV cache during decode: ``shared`` (each KV head read once for all the query heads of its group:
+every current engine, TensorRT-LLM's XQA kernel) or ``per-query-head`` (once per query head, so
+``heads / kv_heads`` times the bytes: TensorRT-LLM v0.5-v0.6's masked multi-head attention
+before XQA; its XQA blog, "reducing data loading" for MQA/GQA, 2.4x Llama-70B throughput; its
+Falcon-180B blog, "improved its GQA kernels in the generation phase ... 2.4x over v0.5"). A
+property of the row's engine version, documented per row, never a fitted factor: spectool's
+own predictions (current engines) read shared KV.
+
 Only baseline rows enter here; the speculative parts are fitted afterwards on ``results.csv``
 (:mod:`spectool.predict.loso`).
 """
@@ -21,7 +30,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +42,9 @@ from spectool.predict.published import read_csv_rows
 STATIC = "static"
 SINGLE_STREAM = "single-stream"
 LOAD_KINDS = (STATIC, SINGLE_STREAM)
+SHARED_KV = "shared"
+PER_QUERY_HEAD = "per-query-head"
+ATTENTION_KV = (SHARED_KV, PER_QUERY_HEAD)
 # Factors fitted to the baseline rows, per engine with rows (stage 1 of the fit); their grids
 # are spectool.predict.calibrate.DEFAULT_GRIDS'.
 BASE_FITTED = ("bw_fraction", "step_overhead_s", "layer_overhead_s")
@@ -54,6 +66,7 @@ class BaselineRow:
     input_len: int | None
     output_len: int | None
     value: float  # output tokens/s per GPU (static) or per stream (single-stream)
+    attention_kv: str = SHARED_KV  # ATTENTION_KV; load_baselines requires the column
 
 
 def load_baselines(folder: Path) -> list[BaselineRow]:
@@ -76,11 +89,16 @@ def load_baselines(folder: Path) -> list[BaselineRow]:
                 input_len=int(r["input_len"]) if r["input_len"].strip() else None,
                 output_len=int(r["output_len"]) if r["output_len"].strip() else None,
                 value=float(r["value"]),
+                attention_kv=r["attention_kv"],
             )
         except (KeyError, ValueError) as exc:
             raise BadInputError(path, f"line {i}: {exc}") from exc
         if row.load_kind not in LOAD_KINDS:
             raise BadInputError(path, f"line {i}: load_kind {row.load_kind!r} not in {LOAD_KINDS}")
+        if row.attention_kv not in ATTENTION_KV:
+            raise BadInputError(
+                path, f"line {i}: attention_kv {row.attention_kv!r} not in {ATTENTION_KV}"
+            )
         if row.load_kind == STATIC and (row.input_len is None or row.output_len is None):
             raise BadInputError(path, f"line {i}: a static row needs input_len and output_len")
         if row.value <= 0 or row.batch < 1 or row.tp < 1:
@@ -98,7 +116,11 @@ def baseline_setup(
     does not matter for a plain decode step)."""
     from spectool.predict.published import engine_factors, geometry_from_published, hardware_for
 
-    target = geometry_from_published(models[row.model], row.model, row.precision)
+    entry = models[row.model]
+    target = geometry_from_published(entry, row.model, row.precision)
+    if row.attention_kv == PER_QUERY_HEAD and entry.get("attention") != "mla":
+        group = int(entry["num_attention_heads"]) / int(entry["num_key_value_heads"])
+        target = replace(target, kv_bytes_per_token=target.kv_bytes_per_token * group)
     f = (factors or {}).get(row.engine) or engine_factors(row.engine)
     context = (row.input_len or 0) + (row.output_len or 0) // 2 or 512
     return Setup(target, "ngram", hardware_for(row.gpu), f, tp=row.tp, context=context)

@@ -136,12 +136,15 @@ class EngineFactors:
 # (spectool.predict.loso.fit_engine_defaults over tests/data/published; see its SOURCES.md):
 # * stage 1, the plain decode step: bw_fraction, step_overhead_s and layer_overhead_s on the
 #   grids of spectool.predict.calibrate.DEFAULT_GRIDS, fitted to published ABSOLUTE speeds
-#   without speculation (baselines.csv: TensorRT-LLM's performance tables v0.5-v0.6.1 and
-#   tech blog 1; vLLM PRs #16035/#16937 and AngelSlim's README; SGLang in SpecForge #339,
-#   AngelSlim #163, EAGLE PR #173 and issue #251). flops_fraction stays at the a-priori 0.6
-#   (large GEMMs reach 55-70 % of dense peak on H100; refitting it moved no row by more than a
-#   few per cent). TensorRT-LLM's 100 us per layer is what its v0.6 static-batch Llama-2-70B
-#   rows and DeepSeek-R1's batch-1 step ask for; treat it as an upper figure for CUDA-graph runs.
+#   without speculation (baselines.csv: TensorRT-LLM's performance tables v0.5-v0.6.1, its
+#   H200, H100-vs-A100 and Falcon-180B blogs and tech blog 1; vLLM PRs #16035/#16937, issue
+#   #20780 and AngelSlim's README; SGLang in SpecForge #339, AngelSlim #163, EAGLE PR #173 and
+#   issue #251). TensorRT-LLM v0.5-v0.6 read a GQA KV cache once per query head (the rows say
+#   so: baselines.csv attention_kv); fitted without that, its stage 1 had tried 200 us per
+#   layer and no iteration overhead to slow down its long-output Llama-2-70B / Falcon-180B
+#   rows, and missed DeepSeek-R1's batch-1 step by 53 %. flops_fraction stays at the a-priori
+#   0.6 (large GEMMs reach 55-70 % of dense peak on H100; refitting it to 0.5 moves the
+#   large-batch rows by a few per cent and costs 5x the fitting time).
 # * stage 2, the speculative parts with stage 1 fixed: spec_overhead_s (per speculative step),
 #   and draft_step_overhead_s (per draft forward: sampling, bookkeeping, launches), fitted to the
 #   published speed-ups (results.csv, which give acceptance length and k). spec_seq_overhead_s
@@ -153,25 +156,25 @@ class EngineFactors:
 # Out-of-sample error and the prediction intervals: spectool.predict.interval and the README.
 ENGINE_DEFAULTS: dict[str, EngineFactors] = {
     "trtllm": EngineFactors(
-        bw_fraction=0.9,
+        bw_fraction=0.85,
         flops_fraction=0.6,
-        step_overhead_s=1.5e-3,
+        step_overhead_s=0.4e-3,
         forward_overhead_s=20e-6,
         layer_overhead_s=100e-6,
-        spec_overhead_s=0.2e-3,
+        spec_overhead_s=0.0,
         draft_step_overhead_s=0.3e-3,
-        source="engine default (trtllm): 90% HBM, 60% peak, 1.5 ms/step, 100 us/layer, "
-        "0.2 ms/spec step, 0.3 ms/draft step",
+        source="engine default (trtllm): 85% HBM, 60% peak, 0.4 ms/step, 100 us/layer, "
+        "0.3 ms/draft step",
     ),
     "vllm": EngineFactors(
-        bw_fraction=0.6,
+        bw_fraction=0.7,
         flops_fraction=0.6,
-        step_overhead_s=0.0,
+        step_overhead_s=1e-3,
         forward_overhead_s=20e-6,
-        layer_overhead_s=10e-6,
+        layer_overhead_s=0.0,
         spec_overhead_s=0.0,
-        draft_step_overhead_s=0.2e-3,
-        source="engine default (vllm): 60% HBM, 60% peak, 10 us/layer, 0.2 ms/draft step",
+        draft_step_overhead_s=0.3e-3,
+        source="engine default (vllm): 70% HBM, 60% peak, 1 ms/step, 0.3 ms/draft step",
     ),
     "sglang": EngineFactors(
         bw_fraction=1.0,

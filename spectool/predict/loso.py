@@ -68,7 +68,9 @@ def fit_engine_defaults(
 ) -> dict[str, EngineFactors]:
     """Per engine of the usable speed-up rows: stage 1 on its baseline rows (if any), then
     stage 2 at the grid point minimising the mean |log(pred / published)| of its speed-ups
-    (:data:`SEQ_PRIOR` fixed).
+    (:data:`SEQ_PRIOR` fixed). An engine with no more speed-up rows than factors to fit keeps
+    the :data:`PRIOR`'s speculative parts, as stage 1 keeps its prior below four baseline rows:
+    two factors fitted to one row reproduce it and nothing else.
 
     The mean, not the median: with several factors and 8-20 rows per engine, the median is
     minimised by any grid point that fits half the rows and ignores the rest. The absolute (not
@@ -88,6 +90,9 @@ def fit_engine_defaults(
             )
 
         base = stage1.get(engine, PRIOR).but(spec_seq_overhead_s=SEQ_PRIOR.get(engine, 0.0))
+        if len(sub) <= len(names):  # as many factors as rows: memorised, not fitted
+            fitted[engine] = base
+            continue
         fitted[engine] = fit_factors(base, names, loss, len(sub), GRIDS).factors
     return fitted
 

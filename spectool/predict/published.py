@@ -12,6 +12,7 @@ the reason.
 from __future__ import annotations
 
 import csv
+import functools
 import math
 import re
 import statistics
@@ -251,6 +252,7 @@ def geometry_from_published(entry: Mapping[str, Any], name: str, precision: str)
     )
 
 
+@functools.lru_cache(maxsize=64)
 def hardware_for(gpu: str) -> Hardware:
     """The row's GPU from spectool's GPU profiles (unknown names: one-line ProfileError)."""
     from spectool.profiles import load_gpu

@@ -98,10 +98,10 @@ def test_refit_gives_the_shipped_defaults(table: tuple[list, dict, list]) -> Non
 
 
 def test_verdict_follows_the_interval() -> None:
-    assert interval(1.5).verdict == PAYS  # 1.5 x 0.88 > 1
-    assert interval(0.7).verdict == DOES_NOT_PAY  # 0.7 x 1.36 < 1
+    assert interval(1.5).verdict == PAYS  # 1.5 x 0.76 > 1
+    assert interval(0.7).verdict == DOES_NOT_PAY  # 0.7 x 1.10 < 1
     assert interval(1.1).verdict == UNCERTAIN
-    assert interval(0.9).verdict == UNCERTAIN
+    assert interval(0.95).verdict == UNCERTAIN  # 0.95 x 1.10 > 1
     assert str(interval(1.4)) == f"1.40x ({1.4 * LOW_FACTOR:.2f}-{1.4 * HIGH_FACTOR:.2f})"
     with pytest.raises(ValueError, match="at least 5"):
         residual_band([0.1, 0.2])
@@ -123,12 +123,12 @@ def _sweeps(rows: list[PublishedRow], *, reference: bool) -> dict[tuple, list[Pu
 
 def test_best_k_within_one_of_every_published_sweep(table: tuple[list, dict, list]) -> None:
     """Every sweep over k with its own acceptance lengths (TensorRT-LLM's MTP 1-5, vLLM
-    PR #16035's EAGLE k=2/4), and the sweep that has only a reference acceptance length from
+    PR #16035's EAGLE k=2/4, vLLM issue #20780's EAGLE-1 and EAGLE-3 k=2..7), and the sweep that has only a reference acceptance length from
     another run (vLLM PR #16937's EAGLE k=2/4/7): the predicted best k is within 1 of the
     published best."""
     rows, models, _ = table
     sweeps = {**_sweeps(usable(rows), reference=False), **_sweeps(rows, reference=True)}
-    assert len(sweeps) >= 3
+    assert len(sweeps) >= 5
     for key, sweep in sweeps.items():
         published = max(sweep, key=lambda r: r.speedup).draft_len
         predicted_by_k = {
@@ -143,8 +143,8 @@ def test_best_k_within_one_of_every_published_sweep(table: tuple[list, dict, lis
 
 
 def test_could_win_is_the_optimistic_end_of_the_interval() -> None:
-    """A cell predicted 30 % slower per token than its rival could still win (its interval
-    reaches 1 / 1.36 of the prediction); one predicted 40 % slower could not."""
-    assert could_win(1.30, 1.0) and not could_win(1.40, 1.0)
+    """A cell predicted 8 % slower per token than its rival could still win (its interval
+    reaches 1 / 1.10 of the prediction); one predicted 15 % slower could not."""
+    assert could_win(1.08, 1.0) and not could_win(1.15, 1.0)
     assert could_win(0.9, 1.0)
-    assert could_win(1.30, 1.0) == (1.30 / HIGH_FACTOR < 1.0)
+    assert could_win(1.08, 1.0) == (1.08 / HIGH_FACTOR < 1.0)
