@@ -23,7 +23,6 @@ Slurm's commands run without a shell; a missing ``sbatch`` is exit 2 naming the 
 from __future__ import annotations
 
 import shutil
-import signal
 import subprocess
 import threading
 import time
@@ -31,9 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from spectool.deploy.supervise import FORWARDED_SIGNALS, TAIL_LINES, poll_health
+from spectool.deploy.supervise import TAIL_LINES, _SignalForwarder, poll_health
 from spectool.errors import BadInputError, ChildProcessError_
 
 if TYPE_CHECKING:
@@ -83,29 +82,27 @@ def submit(script: str, workdir: Path) -> SlurmJob:
     return SlurmJob(job_id, workdir)
 
 
-def job_state(job: SlurmJob) -> str | None:
-    """The job's state as ``squeue`` reports it; None once the job has left the queue."""
+def _squeue(job: SlurmJob, field: str) -> str:
+    """One ``squeue`` field of the job (``%T`` state, ``%B`` batch host); empty once it has
+    left the queue (squeue then fails with "Invalid job id")."""
     done = subprocess.run(  # noqa: S603
-        ["squeue", "-h", "-j", job.job_id, "-o", "%T"],  # noqa: S607
+        ["squeue", "-h", "-j", job.job_id, "-o", field],  # noqa: S607
         capture_output=True,
         text=True,
         check=False,
         timeout=60,
     )
-    state = done.stdout.strip()
-    return state or None  # squeue fails ("Invalid job id") once the job is purged
+    return done.stdout.strip()
+
+
+def job_state(job: SlurmJob) -> str | None:
+    """The job's state as ``squeue`` reports it; None once the job has left the queue."""
+    return _squeue(job, "%T") or None
 
 
 def batch_host(job: SlurmJob) -> str | None:
     """The node the batch script (rank 0's node) runs on, once the job runs."""
-    done = subprocess.run(  # noqa: S603
-        ["squeue", "-h", "-j", job.job_id, "-o", "%B"],  # noqa: S607
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-    )
-    host = done.stdout.strip()
+    host = _squeue(job, "%B")
     return host if host and host not in ("n/a", "(null)") else None
 
 
@@ -156,26 +153,15 @@ class _Follow(threading.Thread):
         return "\n".join(self.lines)
 
 
-class _Stop:
-    """While active, SIGINT/SIGTERM to spectool only record themselves (the job is cancelled
-    by the caller); outside the main thread nothing is installed."""
+class _Stop(_SignalForwarder):
+    """While active, SIGINT/SIGTERM to spectool only record themselves (the caller cancels the
+    job); outside the main thread nothing is installed."""
 
     def __init__(self) -> None:
-        self.received: int | None = None
-        self._previous: dict[int, Any] = {}
+        super().__init__(pgid=0)
 
     def _handle(self, signum: int, _frame: FrameType | None) -> None:
         self.received = self.received or signum
-
-    def __enter__(self) -> _Stop:
-        if threading.current_thread() is threading.main_thread():
-            for sig in FORWARDED_SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 def serve_slurm(
