@@ -471,8 +471,14 @@ def _serve_build(
     if launcher == "slurm":
         from spectool.deploy.slurm import serve_build
 
-        echo = lambda line: typer.echo(line, err=True)  # noqa: E731
-        stopped = serve_build(plan, port=port, timeout_s=timeout_s, echo=echo, on_ready=ready)
+        stopped = serve_build(
+            plan,
+            host=host,
+            port=port,
+            timeout_s=timeout_s,
+            echo=lambda line: typer.echo(line, err=True),
+            on_ready=ready,
+        )
         return 130 if stopped == signal.SIGINT else 0
 
     result = run_supervised(spec, on_output=lambda line: typer.echo(line, err=True), on_ready=ready)

@@ -236,22 +236,20 @@ def prepare_serve(
             f"{build_dir / 'launch.slurm'}`), or start `HOSTFILE=... bash "
             f"{build_dir / 'launch-mpirun.sh'}`"
         )
-    if launcher == "slurm":  # the nodes run it: their GPUs and TensorRT-LLM are not this one's
-        trtllm_serve = trtllm_serve or "trtllm-serve"
-    if manifest.engine == "trtllm" and trtllm_serve is None:
-        from spectool.trtllm.launch import find_trtllm_serve
-
-        trtllm_serve = find_trtllm_serve()
     if launcher == "slurm":
-        # Only what this machine can see of the nodes': the checkpoints (a shared filesystem);
-        # the GPUs and TensorRT-LLM are the nodes', checked there by trtllm-serve.
+        # The nodes run it: this machine sees only the checkpoints (a shared filesystem); the
+        # GPUs, TensorRT-LLM and trtllm-serve are the nodes', checked there by trtllm-serve.
+        trtllm_serve = trtllm_serve or "trtllm-serve"
         check = MachineCheck(tuple(checkpoint_problems(manifest)), ())
         errors = list(check.errors)
     else:
+        if manifest.engine == "trtllm" and trtllm_serve is None:
+            from spectool.trtllm.launch import find_trtllm_serve
+
+            trtllm_serve = find_trtllm_serve()
         facts = current_machine() if facts is None else facts
         check = machine_problems(manifest, facts)
-        errors = list(check.errors)
-        errors += engine_dir_problems(build_dir, manifest, facts)
+        errors = list(check.errors) + engine_dir_problems(build_dir, manifest, facts)
     if errors:
         raise BuildMismatchError(f"{build_dir} does not fit this machine: " + "; ".join(errors))
     warnings = list(check.warnings)

@@ -82,28 +82,25 @@ def submit(script: str, workdir: Path) -> SlurmJob:
     return SlurmJob(job_id, workdir)
 
 
-def _squeue(job: SlurmJob, field: str) -> str:
-    """One ``squeue`` field of the job (``%T`` state, ``%B`` batch host); empty once it has
-    left the queue (squeue then fails with "Invalid job id")."""
+def _queue(job: SlurmJob) -> tuple[str | None, str | None]:
+    """The job's state and batch host (rank 0's node) as one ``squeue`` reports them; ``(None,
+    None)`` once the job has left the queue (squeue then fails with "Invalid job id")."""
     done = subprocess.run(  # noqa: S603
-        ["squeue", "-h", "-j", job.job_id, "-o", field],  # noqa: S607
+        ["squeue", "-h", "-j", job.job_id, "-o", "%T %B"],  # noqa: S607
         capture_output=True,
         text=True,
         check=False,
         timeout=60,
     )
-    return done.stdout.strip()
+    fields = done.stdout.split()
+    state = fields[0] if fields else None
+    host = fields[1] if len(fields) > 1 and fields[1] not in ("n/a", "(null)") else None
+    return state, host
 
 
-def job_state(job: SlurmJob) -> str | None:
-    """The job's state as ``squeue`` reports it; None once the job has left the queue."""
-    return _squeue(job, "%T") or None
-
-
-def batch_host(job: SlurmJob) -> str | None:
-    """The node the batch script (rank 0's node) runs on, once the job runs."""
-    host = _squeue(job, "%B")
-    return host if host and host not in ("n/a", "(null)") else None
+def _over(state: str | None) -> bool:
+    """Whether a job in ``state`` (None: gone from the queue) has ended."""
+    return state is None or state in ENDED_STATES
 
 
 def cancel(job: SlurmJob, timeout_s: float = GONE_TIMEOUT_S) -> bool:
@@ -116,8 +113,7 @@ def cancel(job: SlurmJob, timeout_s: float = GONE_TIMEOUT_S) -> bool:
     )
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        state = job_state(job)
-        if state is None or state in ENDED_STATES:
+        if _over(_queue(job)[0]):
             return True
         time.sleep(POLL_S)
     return False
@@ -190,8 +186,8 @@ def serve_slurm(
             if url is not None and on_ready is not None:
                 on_ready(url[0], url[1])
             while stop.received is None:
-                state = job_state(job)
-                if state is None or state in ENDED_STATES:
+                state = _queue(job)[0]
+                if _over(state):
                     raise ChildProcessError_(
                         f"Slurm job {job.job_id} ended ({state or 'left the queue'}) while "
                         f"serving; its output ({job.output}):\n{follow.tail()}"
@@ -215,13 +211,12 @@ def _wait_ready(
     while True:  # the job may wait in the queue before it runs
         if stop.received is not None:
             return None
-        state = job_state(job)
-        if state is None or state in ENDED_STATES:
+        state, head = _queue(job)
+        if _over(state):
             raise ChildProcessError_(
                 f"Slurm job {job.job_id} ended ({state or 'left the queue'}) before it was "
                 f"ready; its output ({job.output}):\n{follow.tail()}"
             )
-        head = batch_host(job)
         if state == "RUNNING" and head is not None:
             break
         if time.monotonic() - start > timeout_s:
@@ -232,14 +227,10 @@ def _wait_ready(
     target = head if host in ANY_ADDRESS else host
     base = f"http://[{target}]:{port}" if ":" in target else f"http://{target}:{port}"
 
-    def ended() -> int | None:
-        state = job_state(job)
-        return 1 if state is None or state in ENDED_STATES else None
-
     wait = poll_health(
         base + "/health",
         timeout_s=max(1.0, timeout_s - (time.monotonic() - start)),
-        exit_code=ended,
+        exit_code=lambda: 1 if _over(_queue(job)[0]) else None,
         stopped=lambda: stop.received is not None,
     )
     if wait.outcome == "ready":
@@ -256,6 +247,7 @@ def _wait_ready(
 def serve_build(
     plan: ServePlan,
     *,
+    host: str,
     port: int,
     timeout_s: float,
     echo: Callable[[str], None],
@@ -282,7 +274,6 @@ def serve_build(
         else ParallelLayout(tp=manifest.tp, gpus_per_node=manifest.tp)
     )
     argv = ["trtllm-serve", *plan.command.argv[1:]]  # found on the nodes' PATH, not this one's
-    host = argv[argv.index("--host") + 1] if "--host" in argv else "127.0.0.1"
     title = f"spectool serve {plan.build_dir} ({plan.command.config_file})"
     stopped = serve_slurm(
         slurm_script(argv, layout, title=title),

@@ -31,8 +31,8 @@ class CachePlan:
     of at most twice the batch size, ``keys`` / ``values`` are views of that range
     ``[n_layers, span, Hkv, length, D]`` and ``spread`` [B] gives each batch row's index in it:
     attention then runs over the whole range (rows of other slots are computed and dropped),
-    which costs far less than copying every row's keys each layer (a batch of 16 after one
-    request left: 43 ms a decode step against 26 ms with the demo target). Else None, and each
+    which costs far less than copying every row's keys each layer (a decode step of 16 rows in
+    shuffled slots with the demo target: 28.9 ms against 42.8 ms gathered). Else None, and each
     layer gathers its rows.
     """
 
@@ -160,7 +160,7 @@ class KVCache:
             if high - low + 1 <= SPREAD_FACTOR * bsz and len(set(slot_list)) == bsz:
                 keys = self.k[:, low : high + 1, :, :length]
                 values = self.v[:, low : high + 1, :, :length]
-                spread = slots - low if low else slots
+                spread = slots - low
         return CachePlan(
             slots=slots,
             rows=rows,
