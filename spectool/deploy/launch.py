@@ -209,8 +209,9 @@ def prepare_serve(
     :class:`BuildMismatchError` listing every mismatch (GPU, TensorRT-LLM, engines, models).
     ``facts`` (this machine) and ``trtllm_serve`` (its path) are looked up when None.
     ``launcher``: ``local`` runs the command here (single-node builds only); ``slurm`` runs it as
-    a batch job on the cluster's nodes (:mod:`spectool.deploy.slurm`), so this machine's GPUs and
-    ``trtllm-serve`` are not checked.
+    a batch job on the cluster's nodes (:mod:`spectool.deploy.slurm`) and ``mpirun`` under
+    ``mpirun`` on the hosts of ``HOSTFILE`` (or this host), so this machine's GPUs and
+    ``trtllm-serve`` are not checked: the ranks' hosts check them.
     """
     from spectool.deploy.machine import (
         MachineCheck,
@@ -232,17 +233,19 @@ def prepare_serve(
         # one trtllm-serve here cannot start ranks on other nodes; Slurm or the launch files can
         raise BuildMismatchError(
             f"{build_dir} was built for {layout.nodes} nodes x {layout.gpus_per_node} GPUs "
-            f"(TP {layout.tp} x PP {layout.pp}); serve it with --launcher slurm (or `sbatch "
+            f"(TP {layout.tp} x PP {layout.pp}); serve it with --launcher slurm or --launcher "
+            "mpirun and HOSTFILE (or `sbatch "
             f"{build_dir / 'launch.slurm'}`), or start `HOSTFILE=... bash "
             f"{build_dir / 'launch-mpirun.sh'}`"
         )
-    if launcher == "slurm":  # the nodes run it: their GPUs and TensorRT-LLM are not this one's
+    remote = launcher in ("slurm", "mpirun")
+    if remote:  # the ranks' hosts run it: their GPUs and TensorRT-LLM, checked there
         trtllm_serve = trtllm_serve or "trtllm-serve"
     if manifest.engine == "trtllm" and trtllm_serve is None:
         from spectool.trtllm.launch import find_trtllm_serve
 
         trtllm_serve = find_trtllm_serve()
-    if launcher == "slurm":
+    if remote:
         # Only what this machine can see of the nodes': the checkpoints (a shared filesystem);
         # the GPUs and TensorRT-LLM are the nodes', checked there by trtllm-serve.
         check = MachineCheck(tuple(checkpoint_problems(manifest)), ())

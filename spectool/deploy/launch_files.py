@@ -91,6 +91,20 @@ mpirun -np {layout.world_size} --hostfile "$HOSTFILE" --map-by ppr:{layout.gpus_
 """
 
 
+def mpirun_argv(
+    argv: Sequence[str], layout: ParallelLayout, *, hostfile: str | None, as_root: bool
+) -> list[str]:
+    """``spectool serve --launcher mpirun``'s command: ``launch-mpirun.sh``'s ``mpirun`` line
+    (``--hostfile`` only when given: without one Open MPI runs every rank on this host), with
+    ``--allow-run-as-root`` for root, which Open MPI otherwise refuses."""
+    out = ["mpirun", "-np", str(layout.world_size)]
+    if as_root:
+        out.append("--allow-run-as-root")
+    if hostfile is not None:
+        out += ["--hostfile", hostfile, "--map-by", f"ppr:{layout.gpus_per_node}:node"]
+    return [*out, "trtllm-llmapi-launch", *argv]
+
+
 def launch_files(argv: Sequence[str], layout: ParallelLayout, *, title: str) -> dict[str, bytes]:
     """{file name: bytes} of the launch files for ``argv`` on ``layout`` (``lws.yaml`` for
     several nodes)."""
