@@ -9,6 +9,7 @@ says the checkpoints were not read).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from spectool import methods
@@ -127,7 +128,7 @@ def _geometry_memory(
     from spectool.memory_geometry import rank_memory_from_geometry
 
     geom = predicted.pair_geometry(None, None, method, recipe, profile)
-    return rank_memory_from_geometry(
+    memory = rank_memory_from_geometry(
         geom.target,
         geom.drafter,
         method,
@@ -138,3 +139,6 @@ def _geometry_memory(
         max_seq_len=req.max_seq_len or DEFAULT_MAX_SEQ_LEN,
         max_draft_len=k,
     )
+    if req.plain_tp:  # one table row is the estimate itself, as with headers
+        return dataclasses.replace(memory, layout=None, per_rank=())
+    return memory
