@@ -3,11 +3,13 @@
 Usage::
 
     python scripts/profile_geometry.py published llama-3.1-8b-instruct eagle3-llama3.1-8b
+    python scripts/profile_geometry.py published:fp8 deepseek-r1
     python scripts/profile_geometry.py checkpoint spectool:demo-target spectool:demo-drafter
 
 ``published KEY...``: entries of ``tests/data/published/models.yaml`` (HF config fields read
 from real configs, each with its source), through
-:func:`spectool.predict.published.geometry_from_published` at bf16. ``checkpoint REF...``:
+:func:`spectool.predict.published.geometry_from_published` at bf16 (``published:fp8``: at FP8, for checkpoints that ship FP8 weights such as
+DeepSeek-V3's). ``checkpoint REF...``:
 checkpoint headers (config.json + safetensors table) through
 :func:`spectool.predict.geometry_from_checkpoint`. ``tests/test_profile_prediction.py``
 recomputes every profile's block this way and compares.
@@ -39,6 +41,14 @@ def spec_of(geom: Geometry, dtype: str) -> dict[str, Any]:
         "weight_dtype": dtype,
         "kv_bytes_per_token": round(geom.kv_bytes_per_token),
     }
+    if geom.num_kv_heads is not None:
+        out["num_kv_heads"] = geom.num_kv_heads
+    if geom.kv_latent:
+        out["kv_latent"] = True
+    if geom.mtp_layers:
+        out["mtp_layers"] = geom.mtp_layers
+    if geom.embedding_params is not None:
+        out["embedding_params"] = round(geom.embedding_params)
     if geom.is_moe:
         out.update(
             expert_params=round(geom.expert_params),
@@ -49,10 +59,10 @@ def spec_of(geom: Geometry, dtype: str) -> dict[str, Any]:
     return out
 
 
-def published_geometry(key: str) -> Geometry:
+def published_geometry(key: str, precision: str = "bf16") -> Geometry:
     from spectool.predict.published import geometry_from_published, load_models
 
-    return geometry_from_published(load_models(PUBLISHED)[key], key, "bf16")
+    return geometry_from_published(load_models(PUBLISHED)[key], key, precision)
 
 
 def checkpoint_geometry(ref: str) -> Geometry:
@@ -63,13 +73,19 @@ def checkpoint_geometry(ref: str) -> Geometry:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 2 or argv[0] not in ("published", "checkpoint"):
+    kind, _, precision = argv[0].partition(":") if argv else ("", "", "")
+    if len(argv) < 2 or kind not in ("published", "checkpoint") or precision not in ("", "fp8"):
         print(__doc__, file=sys.stderr)
         return 2
-    read = published_geometry if argv[0] == "published" else checkpoint_geometry
-    dtype = "bf16" if argv[0] == "published" else "fp16"  # spectool's demo files are float16
+    dtype = precision or ("bf16" if kind == "published" else "fp16")  # demo files: float16
     roles = ("target", "drafter")
-    block = {role: spec_of(read(ref), dtype) for role, ref in zip(roles, argv[1:], strict=False)}
+    block = {
+        role: spec_of(
+            published_geometry(ref, dtype) if kind == "published" else checkpoint_geometry(ref),
+            dtype,
+        )
+        for role, ref in zip(roles, argv[1:], strict=False)
+    }
     print(yaml.safe_dump({"geometry": block}, sort_keys=False), end="")
     return 0
 

@@ -141,17 +141,48 @@ def estimate_memory(
     target_weights = (
         target.weight_bytes // tp if target_weight_bytes is None else target_weight_bytes
     )
-    hidden = target.hidden_size or 0
-    activations = max_num_tokens * hidden * 2 * 8 // tp  # a few live [tokens, hidden] buffers
-    reserve = CUDA_CONTEXT_BYTES + DEFAULT_GRAPH_BATCH_SIZES * CUDA_GRAPH_BYTES + activations
-    t_kv = kv_bytes_per_token(target, tp=tp)
-    if target_kv_bytes_per_token is not None:
-        t_kv = target_kv_bytes_per_token
+    t_kv = target_kv_bytes_per_token
+    if t_kv is None:
+        t_kv = kv_bytes_per_token(target, tp=tp)
     d_weights, d_kv = drafter_footprint(target, drafter, method, tp)
     if drafter_weight_bytes is not None:
         d_weights = drafter_weight_bytes
     if drafter_kv_bytes_per_token is not None:
         d_kv = drafter_kv_bytes_per_token
+    return memory_budget(
+        gpu_name=gpu_name,
+        gpu_memory_bytes=gpu_memory_bytes,
+        tp=tp,
+        max_seq_len=max_seq_len,
+        max_draft_len=max_draft_len,
+        max_num_tokens=max_num_tokens,
+        hidden_size=target.hidden_size or 0,
+        target_weight_bytes=target_weights,
+        target_kv_bytes_per_token=t_kv,
+        drafter_weight_bytes=d_weights,
+        drafter_kv_bytes_per_token=d_kv,
+    )
+
+
+def memory_budget(
+    *,
+    gpu_name: str,
+    gpu_memory_bytes: int,
+    tp: int,
+    max_seq_len: int,
+    max_draft_len: int,
+    max_num_tokens: int = 8192,
+    hidden_size: int,
+    target_weight_bytes: int,
+    target_kv_bytes_per_token: int,
+    drafter_weight_bytes: int,
+    drafter_kv_bytes_per_token: int,
+) -> MemoryEstimate:
+    """The estimate for one GPU from its own amounts (the module docstring's formula)."""
+    target_weights, t_kv = target_weight_bytes, target_kv_bytes_per_token
+    d_weights, d_kv = drafter_weight_bytes, drafter_kv_bytes_per_token
+    activations = max_num_tokens * hidden_size * 2 * 8 // tp  # a few live [tokens, hidden] buffers
+    reserve = CUDA_CONTEXT_BYTES + DEFAULT_GRAPH_BATCH_SIZES * CUDA_GRAPH_BYTES + activations
     free_base = max(0, gpu_memory_bytes - target_weights - reserve)
     free_spec = max(0, free_base - d_weights)
     budget_base = int(free_base * KV_CACHE_FRACTION)

@@ -33,12 +33,13 @@ each rank keeps whole heads for its own sequences; latent MLA caches are never s
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from spectool import methods
 from spectool.ckpt.inspect import Checkpoint
-from spectool.memory import MemoryEstimate, drafter_footprint, estimate_memory, kv_bytes_per_token
+from spectool.memory import MemoryEstimate, drafter_footprint, kv_bytes_per_token, memory_budget
 from spectool.parallel import ParallelLayout, moe_experts, pp_stage_layers
 
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -163,11 +164,44 @@ def rank_memory(
 ) -> MemoryEstimate:
     """The memory estimate of the tightest stage, with the whole per-rank table in ``per_rank``."""
     split = split_weights(target)
-    div = 1 if layout.attention_dp else layout.tp
     kv_tp = 1 if layout.attention_dp else layout.tp
-    experts = moe_experts(target.text_config)
     d_bytes, placement = _drafter_bytes(target, drafter, method, split, layout)
     _, d_kv = drafter_footprint(target, drafter, method, kv_tp)
+    return stage_table(
+        split,
+        layout,
+        experts=moe_experts(target.text_config),
+        stage_kv=lambda n: kv_bytes_per_token(target, layers=n, tp=kv_tp) if n else 0,
+        drafter_bytes=d_bytes,
+        drafter_placement=placement,
+        drafter_kv=d_kv,
+        hidden_size=target.hidden_size or 0,
+        gpu_name=gpu_name,
+        gpu_memory_bytes=gpu_memory_bytes,
+        max_seq_len=max_seq_len,
+        max_draft_len=max_draft_len,
+    )
+
+
+def stage_table(
+    split: WeightSplit,
+    layout: ParallelLayout,
+    *,
+    experts: int | None,
+    stage_kv: Callable[[int], int],
+    drafter_bytes: int,
+    drafter_placement: str,
+    drafter_kv: int,
+    hidden_size: int,
+    gpu_name: str,
+    gpu_memory_bytes: int,
+    max_seq_len: int,
+    max_draft_len: int,
+) -> MemoryEstimate:
+    """One row per pipeline stage from a :class:`WeightSplit` (bytes of the whole model);
+    ``stage_kv(n)``: target KV bytes per token of ``n`` layers on one rank. The estimate of the
+    tightest stage, with the table in ``per_rank``."""
+    div = 1 if layout.attention_dp else layout.tp
     stages = pp_stage_layers(split.num_layers, layout.pp) if split.num_layers else [range(0)]
     rows: list[RankMemory] = []
     estimates: list[MemoryEstimate] = []
@@ -183,20 +217,18 @@ def rank_memory(
             if split.tied and not first:
                 embed += split.embedding // div  # the LM head multiplies by the table
         t_bytes = dense + expert + embed
-        t_kv = kv_bytes_per_token(target, layers=len(layers), tp=kv_tp) if len(layers) else 0
-        est = estimate_memory(
-            target,
-            drafter,
-            method,
+        t_kv = stage_kv(len(layers))
+        est = memory_budget(
             gpu_name=gpu_name,
             gpu_memory_bytes=gpu_memory_bytes,
             tp=layout.tp,
             max_seq_len=max_seq_len,
             max_draft_len=max_draft_len,
+            hidden_size=hidden_size,
             target_weight_bytes=t_bytes,
             target_kv_bytes_per_token=t_kv,
-            drafter_weight_bytes=d_bytes,
-            drafter_kv_bytes_per_token=d_kv,
+            drafter_weight_bytes=drafter_bytes,
+            drafter_kv_bytes_per_token=drafter_kv,
         )
         estimates.append(est)
         ranks = range(stage * layout.tp, (stage + 1) * layout.tp)
@@ -213,11 +245,11 @@ def rank_memory(
                 expert_bytes=expert,
                 experts_per_rank=experts // layout.ep if experts else None,
                 embedding_bytes=embed,
-                drafter_bytes=d_bytes,
-                drafter_placement=placement,
-                weight_bytes=t_bytes + d_bytes,
+                drafter_bytes=drafter_bytes,
+                drafter_placement=drafter_placement,
+                weight_bytes=t_bytes + drafter_bytes,
                 kv_bytes_per_token=t_kv,
-                drafter_kv_bytes_per_token=d_kv,
+                drafter_kv_bytes_per_token=drafter_kv,
                 sequences_without_drafter=est.sequences_without_drafter,
                 sequences_with_drafter=est.sequences_with_drafter,
             )

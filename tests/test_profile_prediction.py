@@ -27,8 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 GEOMETRY_SOURCES = {  # profile -> how scripts/profile_geometry.py computes its block
     "llama-3.1-8b-eagle3": ("published", "llama-3.1-8b-instruct", "eagle3-llama3.1-8b"),
     "llama-3.3-70b-eagle3": ("published", "llama-3.3-70b-instruct", "eagle3-llama3.3-70b"),
+    "llama-3.1-405b-eagle3": ("published", "llama-3.1-405b-instruct", "eagle3-llama3.1-405b-own"),
     "deepseek-r1-mtp": ("published", "deepseek-r1"),
-    "deepseek-v3-mtp": ("published", "deepseek-r1"),
+    "deepseek-v3-mtp": ("published:fp8", "deepseek-r1"),  # DeepSeek-V3 ships FP8 weights
     "qwen3-8b-ngram": ("published", "qwen3-8b"),
     "demo": ("checkpoint", "spectool:demo-target-mtp", "spectool:demo-drafter"),
 }
@@ -46,15 +47,21 @@ def _script():
 def test_profile_geometry_is_what_the_real_configs_give(name: str) -> None:
     pg = _script()
     kind, *refs = GEOMETRY_SOURCES[name]
-    read = pg.published_geometry if kind == "published" else pg.checkpoint_geometry
-    dtype = "bf16" if kind == "published" else "fp16"
+    kind, _, precision = kind.partition(":")
+    dtype = precision or ("bf16" if kind == "published" else "fp16")
+
+    def read(ref: str):  # noqa: ANN202
+        if kind == "published":
+            return pg.published_geometry(ref, dtype)
+        return pg.checkpoint_geometry(ref)
+
     geometry = profiles.load_profile(name).geometry
     assert geometry is not None
     blocks = [geometry.target, geometry.drafter][: len(refs)]
     for ref, block in zip(refs, blocks, strict=True):
         assert block is not None
         assert block.model_dump(exclude_none=True, exclude_defaults=True) == {
-            k: v for k, v in pg.spec_of(read(ref), dtype).items() if v
+            k: v for k, v in pg.spec_of(read(ref), dtype).items() if v or k == "embedding_params"
         }
 
 
@@ -88,8 +95,13 @@ def test_check_offline_predicts_from_the_profile(offline: None, capsys) -> None:
     assert main([*argv, "--json"]) == 3  # unverified: no headers, prediction still given
     report = json.loads(capsys.readouterr().out)
     assert report["verdict"] == "unverified" and report["target"] is None
-    assert [f["code"] for f in report["findings"]] == ["HEADERS_UNAVAILABLE"]
-    assert "memory estimate" in report["findings"][0]["message"]
+    # the release's rules for the method still run offline (here: 1.2 ignores the gate)
+    assert [f["code"] for f in report["findings"]] == ["HEADERS_UNAVAILABLE", "TRTLLM_GATE_INERT"]
+    message = report["findings"][0]["message"]
+    assert "engine support rules" in message and "memory estimate" not in message
+    assert "memory per rank from the profile's geometry" in message  # offline, from sizes
+    memory = report["memory"]  # one GPU: the estimate, no per-rank table (as with headers)
+    assert memory["sequences_with_drafter"] > 0 and memory["per_rank"] == []
     pays = report["will_it_pay"]
     assert pays["predicted"] is True and pays["hardware"] == "H100 SXM"
     assert "vllm-project/vllm/issues/20780" in pays["acceptance"]["source"]

@@ -261,8 +261,9 @@ def _render(plan, written: list[Path]) -> None:  # noqa: ANN001 - BuildPlan, imp
         )
     if lay is not None and lay.nodes > 1:
         console.print(
-            f"start it: sbatch {plan.out / 'launch.slurm'} (or HOSTFILE=... bash "
-            f"{plan.out / 'launch-mpirun.sh'})",
+            f"start it: spectool serve {plan.out} --launcher slurm, or sbatch "
+            f"{plan.out / 'launch.slurm'} (or HOSTFILE=... bash {plan.out / 'launch-mpirun.sh'}; "
+            f"Kubernetes: kubectl apply -f {plan.out / 'lws.yaml'})",
             markup=False,
         )
     else:

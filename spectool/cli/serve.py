@@ -100,13 +100,14 @@ ExpectedRateOpt = Annotated[
         rich_help_panel=LOAD,
     ),
 ]
-LAUNCHERS = ("local", "slurm")
+LAUNCHERS = ("local", "slurm", "mpirun")
 LauncherOpt = Annotated[
     str,
     typer.Option(
         "--launcher",
-        help="Build DIR (TensorRT-LLM): local (trtllm-serve here) or slurm (the build's layout as a "
-        "Slurm batch job: sbatch, /health on the head rank, scancel on Ctrl-C).",
+        help="Build DIR (TensorRT-LLM): local (trtllm-serve here), slurm (the build's layout as a "
+        "Slurm batch job: sbatch, /health on the head rank, scancel on Ctrl-C) or mpirun "
+        "(mpirun -np WORLD trtllm-llmapi-launch ..., over $HOSTFILE's hosts or this one).",
         rich_help_panel=LOAD,
     ),
 ]
@@ -481,6 +482,11 @@ def _serve_build(
         )
         return 130 if stopped == signal.SIGINT else 0
 
+    if launcher == "mpirun":
+        from spectool.deploy.mpirun import mpirun_child
+
+        spec = mpirun_child(plan, spec)
+        typer.echo(f"spectool: starting {' '.join(spec.argv)}", err=True)
     result = run_supervised(spec, on_output=lambda line: typer.echo(line, err=True), on_ready=ready)
     typer.echo(f"spectool: {name} stopped", err=True)
     return 130 if result.stop_signal == signal.SIGINT else 0

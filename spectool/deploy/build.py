@@ -24,7 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from spectool import __version__, methods
-from spectool.check import run_check
+from spectool.check import CheckReport, run_check
 from spectool.ckpt.inspect import Checkpoint
 from spectool.deploy import launch
 from spectool.deploy.build_request import BuildGpu, BuildInputs, BuildPlan, BuildRequest
@@ -176,6 +176,12 @@ def check_build(req: BuildRequest) -> BuildInputs:
             max_seq_len=max_seq_len,
         )
     )
+    if report.target is None and (req.engine != "trtllm" or req.trtllm_backend != "pytorch"):
+        raise BadInputError(
+            report.extra.get("target_ref", "target"),
+            f"headers unavailable ({report.unread}); only TensorRT-LLM's PyTorch backend is "
+            "built from a profile's geometry alone: run once online or pass local folders",
+        )
     if req.mtp_relaxed_acceptance is not None and (
         report.method != "mtp" or req.engine != "trtllm"
     ):
@@ -197,11 +203,17 @@ def check_build(req: BuildRequest) -> BuildInputs:
 def build_argv(inputs: BuildInputs, out: Path) -> tuple[str, ...]:
     """The ``spectool build`` command line that reproduces this build (resolved values)."""
     req, report = inputs.request, inputs.report
-    argv = ["spectool", "build", reproducible_ref(report.target)]
-    if report.drafter is not None:
-        argv.append(reproducible_ref(report.drafter))
+    target, drafter = _model_refs(report)  # offline from a profile: its repo ids
+    if report.target is not None:
+        target = reproducible_ref(report.target)
+        drafter = reproducible_ref(report.drafter) if report.drafter is not None else None
+    argv = ["spectool", "build", target]
+    if drafter is not None:
+        argv.append(drafter)
     elif methods.get(report.method).uses_native_layers:
         argv.append("self")
+    if report.target is None:
+        argv += ["--profile", str(report.profile)]
     argv += ["--engine", req.engine, "--method", report.method]
     argv += ["--max-draft-len", str(report.max_draft_len), "--out", str(out)]
     if req.engine == "trtllm":
@@ -273,8 +285,13 @@ def plan_build(inputs: BuildInputs) -> BuildPlan:
     gate = plan_runtime_gate(inputs, limits)
     notes = list(gate.notes)
     warnings: list[str] = []
-    target_model = model_ref(report.target)
-    drafter_model = model_ref(report.drafter) if report.drafter is not None else None
+    target_model, drafter_model = _model_refs(report)
+    if report.target is None:
+        notes.append(
+            f"built offline from profile {report.profile}'s geometry: the checkpoints were not "
+            "read (checkpoint rules and the architecture's engine rules did not run); "
+            "trtllm-serve reads them on the nodes"
+        )
     files: dict[str, bytes] = {}
     parallel: ParallelRecord | None = None
     trtllm: TrtllmRecord | None = None
@@ -354,8 +371,8 @@ def plan_build(inputs: BuildInputs) -> BuildPlan:
         method=report.method,
         max_draft_len=report.max_draft_len,
         tp=req.tp,
-        target=checkpoint_record(report.target, target_model),
-        drafter=_drafter_record(report.drafter, drafter_model),
+        target=_record(report.target, target_model),
+        drafter=_record(report.drafter, drafter_model) if drafter_model is not None else None,
         gpu=_gpu_record(inputs.gpu),
         trtllm=trtllm,
         limits=limits,
@@ -407,5 +424,19 @@ def _parallel_record(
     )
 
 
-def _drafter_record(ckpt: Checkpoint | None, ref: str | None) -> CheckpointRecord | None:
-    return checkpoint_record(ckpt, ref) if ckpt is not None and ref is not None else None
+def _model_refs(report: CheckReport) -> tuple[str, str | None]:
+    """What the engine is given for the target and drafter (the profile's repo ids when the
+    headers were not read)."""
+    if report.target is None:
+        return report.extra["target_ref"], report.extra.get("drafter_ref")
+    drafter = model_ref(report.drafter) if report.drafter is not None else None
+    return model_ref(report.target), drafter
+
+
+def _record(ckpt: Checkpoint | None, ref: str) -> CheckpointRecord:
+    """The manifest's record of a checkpoint; one never read is recorded by ref alone."""
+    if ckpt is None:
+        return CheckpointRecord(
+            ref=ref, path=None, revision=None, architecture=None, kind="unread", config_sha256=None
+        )
+    return checkpoint_record(ckpt, ref)

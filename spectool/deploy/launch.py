@@ -209,8 +209,9 @@ def prepare_serve(
     :class:`BuildMismatchError` listing every mismatch (GPU, TensorRT-LLM, engines, models).
     ``facts`` (this machine) and ``trtllm_serve`` (its path) are looked up when None.
     ``launcher``: ``local`` runs the command here (single-node builds only); ``slurm`` runs it as
-    a batch job on the cluster's nodes (:mod:`spectool.deploy.slurm`), so this machine's GPUs and
-    ``trtllm-serve`` are not checked.
+    a batch job on the cluster's nodes (:mod:`spectool.deploy.slurm`) and ``mpirun`` under
+    ``mpirun`` on the hosts of ``HOSTFILE`` (or this host), so this machine's GPUs and
+    ``trtllm-serve`` are not checked: the ranks' hosts check them.
     """
     from spectool.deploy.machine import (
         MachineCheck,
@@ -232,13 +233,14 @@ def prepare_serve(
         # one trtllm-serve here cannot start ranks on other nodes; Slurm or the launch files can
         raise BuildMismatchError(
             f"{build_dir} was built for {layout.nodes} nodes x {layout.gpus_per_node} GPUs "
-            f"(TP {layout.tp} x PP {layout.pp}); serve it with --launcher slurm (or `sbatch "
+            f"(TP {layout.tp} x PP {layout.pp}); serve it with --launcher slurm or --launcher "
+            "mpirun and HOSTFILE (or `sbatch "
             f"{build_dir / 'launch.slurm'}`), or start `HOSTFILE=... bash "
             f"{build_dir / 'launch-mpirun.sh'}`"
         )
-    if launcher == "slurm":
-        # The nodes run it: this machine sees only the checkpoints (a shared filesystem); the
-        # GPUs, TensorRT-LLM and trtllm-serve are the nodes', checked there by trtllm-serve.
+    if launcher in ("slurm", "mpirun"):
+        # The ranks' hosts run it: this machine sees only the checkpoints (a shared filesystem);
+        # the GPUs, TensorRT-LLM and trtllm-serve are the nodes', checked there by trtllm-serve.
         trtllm_serve = trtllm_serve or "trtllm-serve"
         check = MachineCheck(tuple(checkpoint_problems(manifest)), ())
         errors = list(check.errors)

@@ -16,8 +16,12 @@ One MPI rank per GPU (world size = TP x PP), each running ``trtllm-llmapi-launch
   ``trtllm-serve`` command. TensorRT-LLM's own docs show only the srun form; this file is the
   usual Open MPI spelling of it, not a documented TensorRT-LLM example.
 
-Both run the exact ``trtllm-serve`` argv ``build`` records in the manifest (shell-quoted).
-spectool does not run them: ``spectool serve --launcher slurm`` is not done yet (issue 25).
+* ``lws.yaml`` (several nodes only): a Kubernetes LeaderWorkerSet for the same launch
+  (:mod:`spectool.deploy.lws`).
+
+All run the exact ``trtllm-serve`` argv ``build`` records in the manifest (shell-quoted; the
+LeaderWorkerSet binds the pod's address). ``spectool serve --launcher slurm`` submits the first
+(:mod:`spectool.deploy.slurm`).
 """
 
 from __future__ import annotations
@@ -87,9 +91,29 @@ mpirun -np {layout.world_size} --hostfile "$HOSTFILE" --map-by ppr:{layout.gpus_
 """
 
 
+def mpirun_argv(
+    argv: Sequence[str], layout: ParallelLayout, *, hostfile: str | None, as_root: bool
+) -> list[str]:
+    """``spectool serve --launcher mpirun``'s command: ``launch-mpirun.sh``'s ``mpirun`` line
+    (``--hostfile`` only when given: without one Open MPI runs every rank on this host), with
+    ``--allow-run-as-root`` for root, which Open MPI otherwise refuses."""
+    out = ["mpirun", "-np", str(layout.world_size)]
+    if as_root:
+        out.append("--allow-run-as-root")
+    if hostfile is not None:
+        out += ["--hostfile", hostfile, "--map-by", f"ppr:{layout.gpus_per_node}:node"]
+    return [*out, "trtllm-llmapi-launch", *argv]
+
+
 def launch_files(argv: Sequence[str], layout: ParallelLayout, *, title: str) -> dict[str, bytes]:
-    """{file name: bytes} of both launch files for ``argv`` on ``layout``."""
-    return {
+    """{file name: bytes} of the launch files for ``argv`` on ``layout`` (``lws.yaml`` for
+    several nodes)."""
+    files = {
         SLURM_NAME: slurm_script(argv, layout, title=title).encode("utf-8"),
         MPIRUN_NAME: mpirun_script(argv, layout, title=title).encode("utf-8"),
     }
+    if layout.nodes > 1:
+        from spectool.deploy.lws import LWS_NAME, lws_manifest
+
+        files[LWS_NAME] = lws_manifest(argv, layout, title=title).encode("utf-8")
+    return files

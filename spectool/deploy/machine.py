@@ -162,7 +162,7 @@ def _trtllm_problems(manifest: Manifest, facts: MachineFacts) -> tuple[list[str]
 def checkpoint_problems(manifest: Manifest) -> list[str]:
     errors: list[str] = []
     for role, rec in (("target", manifest.target), ("drafter", manifest.drafter)):
-        if rec is None:
+        if rec is None or rec.path is None:  # not read at build time: nothing to compare
             continue
         config = Path(rec.path) / "config.json"
         local = Path(rec.ref).is_absolute()

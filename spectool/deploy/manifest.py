@@ -42,11 +42,11 @@ class CheckpointRecord(_Record):
     with its resolved revision), ``path`` is where its metadata was read."""
 
     ref: str
-    path: str
+    path: str | None  # None: not read (a build from a profile's geometry, offline)
     revision: str | None
     architecture: str | None
     kind: str
-    config_sha256: str
+    config_sha256: str | None
 
 
 class TrtllmRecord(_Record):

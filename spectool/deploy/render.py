@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from spectool.deploy.build_request import BuildInputs, BuildRequest
 
 
-def local_drafter(ref: str, drafter: Checkpoint, release: str, req: BuildRequest) -> str:
+def local_drafter(ref: str, drafter: Checkpoint | None, release: str, req: BuildRequest) -> str:
     """A local folder for a hub drafter on releases that cannot download it themselves."""
     if Path(ref).expanduser().is_dir():
         return ref
@@ -36,7 +36,8 @@ def local_drafter(ref: str, drafter: Checkpoint, release: str, req: BuildRequest
     from huggingface_hub import snapshot_download
 
     try:
-        return str(snapshot_download(ref, revision=drafter.revision or None))
+        revision = drafter.revision if drafter is not None else None
+        return str(snapshot_download(ref, revision=revision or None))
     except Exception as exc:  # network, auth, missing repo: one line, exit 2
         raise BadInputError("drafter", f"cannot download {ref}: {exc}") from None
 
@@ -71,8 +72,13 @@ def trtllm_files(
 
     spec = release_info(release).method(report.method, backend)
     drafter_ref = None
-    if report.drafter is not None and spec is not None and spec.drafter_key is not None:
-        drafter_ref = model_ref(report.drafter)
+    drafter_given = report.drafter is not None or (
+        report.target is None and report.extra.get("drafter_ref")
+    )
+    if drafter_given and spec is not None and spec.drafter_key is not None:
+        drafter_ref = (
+            model_ref(report.drafter) if report.drafter is not None else report.extra["drafter_ref"]
+        )
         if backend == "pytorch" and release in LOCAL_DRAFTER_RELEASES:
             drafter_ref = local_drafter(drafter_ref, report.drafter, release, inputs.request)
     extra: dict[str, Any] = {"max_seq_len": limits.max_seq_len}

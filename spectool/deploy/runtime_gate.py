@@ -123,7 +123,11 @@ def path_kwargs(
             "--inert-gate", f"expected one of {', '.join(INERT_GATE_CHOICES)}, got {choice!r}"
         )
     native = methods.get(report.method).uses_native_layers
-    mtp_layers = report.target.mtp_layers if native else None
+    mtp_layers = None
+    if native:
+        mtp_layers = (
+            report.target.mtp_layers if report.target is not None else report.extra["mtp_layers"]
+        )
     support = gate_support(release, report.method, mtp_layers=mtp_layers)
     kwargs: dict[str, Any] = {"mtp_layers": mtp_layers} if mtp_layers else {}
     info = release_info(release)

@@ -37,6 +37,7 @@ from spectool.errors import BadInputError, ChildProcessError_
 
 if TYPE_CHECKING:
     from spectool.deploy.launch import ServePlan
+    from spectool.parallel import ParallelLayout
 
 OUTPUT_PATTERN = "spectool-serve-{job}.out"  # the script's #SBATCH --output, %j expanded
 ENDED_STATES = frozenset(
@@ -244,6 +245,24 @@ def _wait_ready(
     )
 
 
+def build_layout(plan: ServePlan) -> ParallelLayout:
+    """The build's parallel layout (a single-GPU or plain ``--tp`` build: one node, TP ranks)."""
+    from spectool.parallel import ParallelLayout
+
+    manifest = plan.manifest
+    record = manifest.parallel
+    if record is None:
+        return ParallelLayout(tp=manifest.tp, gpus_per_node=manifest.tp)
+    return ParallelLayout(
+        tp=record.tp,
+        pp=record.pp,
+        ep=record.ep,
+        attention_dp=record.attention_dp,
+        nodes=record.nodes,
+        gpus_per_node=record.gpus_per_node,
+    )
+
+
 def serve_build(
     plan: ServePlan,
     *,
@@ -257,22 +276,8 @@ def serve_build(
     build's layout (a single-GPU or plain ``--tp`` build: one node, TP tasks); the signal that
     stopped it."""
     from spectool.deploy.launch_files import slurm_script
-    from spectool.parallel import ParallelLayout
 
-    manifest = plan.manifest
-    record = manifest.parallel
-    layout = (
-        ParallelLayout(
-            tp=record.tp,
-            pp=record.pp,
-            ep=record.ep,
-            attention_dp=record.attention_dp,
-            nodes=record.nodes,
-            gpus_per_node=record.gpus_per_node,
-        )
-        if record is not None
-        else ParallelLayout(tp=manifest.tp, gpus_per_node=manifest.tp)
-    )
+    layout = build_layout(plan)
     argv = ["trtllm-serve", *plan.command.argv[1:]]  # found on the nodes' PATH, not this one's
     title = f"spectool serve {plan.build_dir} ({plan.command.config_file})"
     stopped = serve_slurm(

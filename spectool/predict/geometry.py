@@ -12,6 +12,12 @@ Parameter classes, per token of a forward pass:
 * ``expert_params``: one routed expert of one MoE layer; ``moe_layers`` layers hold
   ``num_experts`` of them, each token routed to ``experts_per_token``.
 * ``kv_bytes_per_token``: KV-cache bytes one token of context occupies over all layers.
+
+For memory per rank (:mod:`spectool.memory_ranks`, offline from a profile) three more facts:
+``embedding_params`` (the model's own input embedding table; 0 when it has none of its own: tied
+to the LM head, or a draft head that uses the target's), ``num_kv_heads`` (how the KV cache
+splits over TP) and ``kv_latent`` (multi-head latent attention: one latent per token and layer,
+never split); and ``mtp_layers``, the MTP modules the checkpoint ships.
 """
 
 from __future__ import annotations
@@ -66,6 +72,10 @@ class Geometry:
     num_experts: int = 0
     experts_per_token: int = 0
     moe_layers: int = 0
+    embedding_params: float | None = None  # None: not known (per-rank memory needs it)
+    num_kv_heads: int | None = None
+    kv_latent: bool = False
+    mtp_layers: int = 0  # the checkpoint's MTP modules (num_nextn_predict_layers)
 
     @property
     def is_moe(self) -> bool:
@@ -126,6 +136,9 @@ class GeometrySpec(BaseModel):
     num_experts: int = Field(default=0, ge=0)
     experts_per_token: int = Field(default=0, ge=0)
     moe_layers: int = Field(default=0, ge=0)
+    embedding_params: float | None = Field(default=None, ge=0)
+    kv_latent: bool = False
+    mtp_layers: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
     def _consistent(self) -> GeometrySpec:
@@ -181,6 +194,10 @@ def geometry_from_mapping(data: Mapping[str, Any], name: str, where: str | None 
         num_experts=spec.num_experts,
         experts_per_token=spec.experts_per_token,
         moe_layers=spec.moe_layers,
+        embedding_params=spec.embedding_params,
+        num_kv_heads=spec.num_kv_heads,
+        kv_latent=spec.kv_latent,
+        mtp_layers=spec.mtp_layers,
     )
 
 
@@ -231,9 +248,11 @@ def geometry_from_checkpoint(ckpt: Checkpoint, kv_dtype: str | None = None) -> G
             experts[key] = experts.get(key, 0.0) + info.numel
         else:
             dense += info.numel
+    own_embedding = embed
     if lm_head == 0.0 and embed:  # tied embeddings: the LM head multiplies by the table
         lm_head = embed
         dense += embed
+        own_embedding = 0.0
     bytes_per_param = bytes_total / count_total if count_total else 2.0
     moe_layer_ids = {layer_id for layer_id, _ in experts}
     num_experts = len(experts) // len(moe_layer_ids) if moe_layer_ids else 0
@@ -263,6 +282,10 @@ def geometry_from_checkpoint(ckpt: Checkpoint, kv_dtype: str | None = None) -> G
         num_experts=num_experts,
         experts_per_token=top_k or 0,
         moe_layers=len(moe_layer_ids),
+        embedding_params=own_embedding,
+        num_kv_heads=kv_heads,
+        kv_latent=bool(ckpt.kv_lora_rank),
+        mtp_layers=ckpt.mtp_layers,
     )
 
 

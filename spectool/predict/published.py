@@ -197,6 +197,7 @@ def geometry_from_published(entry: Mapping[str, Any], name: str, precision: str)
         inter = int(entry["intermediate_size"])
         vocab = int(entry.get("draft_vocab_size") or entry["vocab_size"])
         kind = str(entry["kind"])
+        tied = bool(entry["tie_word_embeddings"])
     except (KeyError, TypeError, ValueError) as exc:
         raise BadInputError(f"models.yaml: {name}", f"missing or bad field {exc}") from exc
     dtype = _PRECISION.get(precision, "bf16")
@@ -249,6 +250,13 @@ def geometry_from_published(entry: Mapping[str, Any], name: str, precision: str)
         num_experts=experts,
         experts_per_token=top_k,
         moe_layers=moe_layers,
+        # the input table: none of its own when tied or an EAGLE-3 head (it reads the target's)
+        embedding_params=0.0
+        if tied or kind == "eagle3_head"
+        else float(entry["vocab_size"]) * hidden,
+        num_kv_heads=kv_heads,
+        kv_latent=entry.get("attention") == "mla",
+        mtp_layers=int(entry.get("num_nextn_predict_layers") or 0),
     )
 
 

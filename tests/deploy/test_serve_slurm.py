@@ -11,6 +11,7 @@ job in ``squeue`` and no process of the job within 10 s.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -30,8 +31,9 @@ from spectool.cli.app import main
 DOUBLE = Path(__file__).resolve().parents[1] / "trtllm_double" / "trtllm_serve_double.py"
 LAUNCH_DOUBLE = """#!/bin/sh
 # Stand-in for TensorRT-LLM's trtllm-llmapi-launch (tensorrt_llm/llmapi/trtllm-llmapi-launch):
-# rank SLURM_PROCID 0 runs the command; every other rank runs an MPI worker (here: waits).
-if [ "${SLURM_PROCID:-0}" = "0" ]; then exec "$@"; fi
+# rank 0 runs the command; every other rank runs an MPI worker (here: waits). The rank: Open
+# MPI's OMPI_COMM_WORLD_RANK under mpirun, SLURM_PROCID under srun.
+if [ "${OMPI_COMM_WORLD_RANK:-${SLURM_PROCID:-0}}" = "0" ]; then exec "$@"; fi
 exec sleep 100000
 """
 
@@ -132,7 +134,83 @@ def test_serve_launcher_slurm_ready_answers_and_ctrl_c_leaves_nothing(
             proc.wait()
 
 
-def test_a_local_multi_node_build_names_the_slurm_launcher(make_ckpt, tmp_path, capsys) -> None:
+def _mpirun() -> None:
+    """Open MPI's mpirun, apt-installed when missing (root, as in CI); a clear error else."""
+    if shutil.which("mpirun"):
+        return
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        raise RuntimeError(
+            "the mpirun launcher test needs Open MPI: apt-get install -y openmpi-bin"
+        )
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, capture_output=True)
+    subprocess.run(["apt-get", "install", "-y", "-qq", "openmpi-bin"], check=True, env=env)
+
+
+def test_serve_launcher_mpirun_ready_answers_and_ctrl_c_leaves_nothing(
+    doubles: Path, make_ckpt, tmp_path: Path, capsys
+) -> None:
+    """A TP 2 build under real Open MPI mpirun (2 ranks on this host): ready, a completion,
+    Ctrl-C stops both ranks."""
+    _mpirun()
+    out = tmp_path / "build"
+    argv = ["build", str(make_ckpt(LLAMA)), str(make_ckpt(EAGLE3)), "--gpu", "h100-sxm"]
+    assert main([*argv, "--tp", "2", "--trtllm-version", "1.2.1", "--out", str(out)]) == 0
+    capsys.readouterr()
+    port = _free_port()
+    env = {
+        **os.environ,
+        "PATH": f"{doubles}:{os.environ['PATH']}",
+        "TRTLLM_DOUBLE_RELEASE": "1.2",
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.pop("HOSTFILE", None)
+    cmd = [sys.executable, "-m", "spectool.cli.app", "serve", str(out), "--launcher", "mpirun"]
+    proc = subprocess.Popen(  # noqa: S603
+        [*cmd, "--port", str(port), "--ready-timeout", "60"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line or "ready after" in line:
+                lines.append(line)
+                break
+            lines.append(line)
+        text = "".join(lines)
+        assert "ready after" in text, text
+        assert "starting mpirun -np 2" in text, text
+        answer = httpx.post(
+            f"http://127.0.0.1:{port}/v1/completions",
+            json={"model": "m", "prompt": "hello", "max_tokens": 4},
+            timeout=10,
+        )
+        assert answer.status_code == 200
+        assert len(_job_processes(str(DOUBLE))) == 1  # the server: rank 0 only
+        assert len(_job_processes("sleep 100000")) == 1  # rank 1's stand-in worker
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (
+            _job_processes(str(DOUBLE)) or _job_processes("sleep 100000")
+        ):
+            time.sleep(0.2)
+        assert _job_processes(str(DOUBLE)) == [] and _job_processes("sleep 100000") == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_local_multi_node_build_names_the_slurm_launcher(
+    make_ckpt, tmp_path, capsys, monkeypatch
+) -> None:
     out = tmp_path / "build"
     argv = ["build", str(make_ckpt(LLAMA)), str(make_ckpt(EAGLE3)), "--gpu", "h100-sxm"]
     layout = ["--tp", "8", "--pp", "2", "--nodes", "2", "--gpus-per-node", "8"]
@@ -141,6 +219,9 @@ def test_a_local_multi_node_build_names_the_slurm_launcher(make_ckpt, tmp_path, 
     assert main(["serve", str(out)]) == 1  # one trtllm-serve here cannot start other nodes
     err = capsys.readouterr().err
     assert "--launcher slurm" in err and "launch.slurm" in err and err.count("\n") == 1
+    monkeypatch.delenv("HOSTFILE", raising=False)
+    assert main(["serve", str(out), "--launcher", "mpirun"]) == 2  # which hosts? HOSTFILE says
+    assert "set HOSTFILE to an Open MPI hostfile with 2 hosts" in capsys.readouterr().err
 
 
 def test_the_launcher_applies_to_tensorrt_llm_builds(
