@@ -101,11 +101,12 @@ def pair_geometry(
     needs_drafter = method in methods.DRAFTER_GEOMETRY_METHODS
     if target is not None and (drafter is not None or not needs_drafter):
         native = methods.get(method).uses_native_layers
+        target_geom = geometry_from_checkpoint(target)
         return PairGeometry(
-            geometry_from_checkpoint(target),
+            target_geom,
             geometry_from_checkpoint(drafter) if needs_drafter and drafter else None,
             "checkpoint headers",
-            mtp_geometry_from_checkpoint(target) if native else None,
+            mtp_geometry_from_checkpoint(target, target=target_geom) if native else None,
         )
     if recipe is None or recipe.geometry is None:
         raise BadInputError(

@@ -10,6 +10,7 @@ file is named as such.
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from pathlib import Path
@@ -38,26 +39,32 @@ def parse_header_json(
     if not isinstance(header, dict):
         raise CheckpointError(where, "safetensors header is not a JSON object")
     tensors: dict[str, TensorInfo] = {}
+    file = Path(str(where)).name  # once per header: a large one holds ~10^5 tensors
     for name, entry in header.items():
         if name == "__metadata__":
             if entry is not None and not isinstance(entry, dict):
                 raise CheckpointError(where, "safetensors __metadata__ is not an object")
             continue
-        tensors[name] = _tensor_entry(name, entry, where, data_size)
+        tensors[name] = _tensor_entry(name, entry, where, data_size, file)
     return tensors
 
 
-def _tensor_entry(name: str, entry: object, where: str | Path, data_size: int | None) -> TensorInfo:
+def _size(value: object) -> bool:
+    """A JSON integer >= 0 (``json`` gives exact ints; a bool is no size)."""
+    return type(value) is int and value >= 0
+
+
+def _tensor_entry(
+    name: str, entry: object, where: str | Path, data_size: int | None, file: str
+) -> TensorInfo:
     if not isinstance(entry, dict):
         raise CheckpointError(where, f"tensor {name!r}: entry is not an object")
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
     if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise CheckpointError(where, f"tensor {name!r}: unknown dtype {dtype!r}")
-    if not isinstance(shape, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-    ):
+    if not isinstance(shape, list) or not all(map(_size, shape)):
         raise CheckpointError(where, f"tensor {name!r}: shape {shape!r} is not a list of sizes")
-    info = TensorInfo(name=name, dtype=dtype, shape=tuple(shape), file=Path(str(where)).name)
+    info = TensorInfo(name=name, dtype=dtype, shape=tuple(shape), file=file)
     if offsets is not None:
         if (
             not isinstance(offsets, list)
@@ -66,11 +73,12 @@ def _tensor_entry(name: str, entry: object, where: str | Path, data_size: int | 
             or not 0 <= offsets[0] <= offsets[1]
         ):
             raise CheckpointError(where, f"tensor {name!r}: bad data_offsets {offsets!r}")
-        if offsets[1] - offsets[0] != info.nbytes:
+        nbytes = int(math.prod(shape) * DTYPE_BYTES[dtype])  # info.nbytes, computed once
+        if offsets[1] - offsets[0] != nbytes:
             raise CheckpointError(
                 where,
                 f"tensor {name!r}: data_offsets span {offsets[1] - offsets[0]} bytes but "
-                f"{dtype} x {list(shape)} needs {info.nbytes}",
+                f"{dtype} x {list(shape)} needs {nbytes}",
             )
         if data_size is not None and offsets[1] > data_size:
             raise CheckpointError(
@@ -109,9 +117,47 @@ def read_safetensors_header(path: str | Path) -> dict[str, TensorInfo]:
     return parse_header_json(raw, path, size - 8 - n)
 
 
+# Large folders read in this process, keyed by every file in them as it is on disk (a file
+# changed, added or removed is another key): a process that reads a ~10^5-tensor model again
+# (tests, a build per release) parses its headers once. Small folders are always read.
+_FOLDER_CACHE: dict[tuple[object, ...], dict[str, TensorInfo]] = {}
+_FOLDER_CACHE_SIZE = 4
+_FOLDER_CACHE_MIN_TENSORS = 5000
+
+
+def _folder_key(folder: Path) -> tuple[object, ...] | None:
+    """Every file of ``folder`` as (name, inode, size, mtime_ns, ctime_ns); None if
+    unreadable."""
+    try:
+        entries = []
+        with os.scandir(folder) as it:
+            for entry in it:
+                st = entry.stat()
+                entries.append((entry.name, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+        return (str(folder.resolve()), *sorted(entries))
+    except OSError:
+        return None
+
+
 def read_safetensors_folder(folder: Path) -> dict[str, TensorInfo]:
     """All tensors of a folder: through ``model.safetensors.index.json`` when present (every
-    listed tensor must be in the shard the index names), else every ``*.safetensors`` file."""
+    listed tensor must be in the shard the index names), else every ``*.safetensors`` file.
+
+    A large folder whose files are unchanged since this process last read it is not parsed
+    again (a new dict of the same immutable :class:`TensorInfo` entries is returned)."""
+    key = _folder_key(folder)
+    cached = _FOLDER_CACHE.get(key) if key is not None else None
+    if cached is not None:
+        return dict(cached)
+    tensors = _read_folder(folder)
+    if key is not None and len(tensors) >= _FOLDER_CACHE_MIN_TENSORS:
+        while len(_FOLDER_CACHE) >= _FOLDER_CACHE_SIZE:
+            del _FOLDER_CACHE[next(iter(_FOLDER_CACHE))]  # the oldest
+        _FOLDER_CACHE[key] = dict(tensors)
+    return tensors
+
+
+def _read_folder(folder: Path) -> dict[str, TensorInfo]:
     index_path = folder / INDEX_NAME
     tensors: dict[str, TensorInfo] = {}
     if index_path.is_file():
@@ -123,9 +169,10 @@ def read_safetensors_folder(folder: Path) -> dict[str, TensorInfo]:
             raise CheckpointError(index_path, "weight_map is missing or not a name -> file map")
         shards: dict[str, list[str]] = {}
         for name, shard in weight_map.items():
+            shards.setdefault(shard, []).append(name)
+        for shard in shards:  # in the index's order: the first bad name is the one named
             if Path(shard).name != shard:
                 raise CheckpointError(index_path, f"shard name {shard!r} is not a plain file name")
-            shards.setdefault(shard, []).append(name)
         for shard, names in sorted(shards.items()):
             shard_path = folder / shard
             if not shard_path.exists():

@@ -41,13 +41,22 @@ def nesting_exceeds(raw: bytes, limit: int) -> bool:
 
 def read_json_object(path: Path, max_bytes: int = MAX_JSON_BYTES) -> dict[str, Any]:
     """Parse ``path`` as a JSON object; any problem is a one-line :class:`CheckpointError`."""
+    return parse_json_object(read_capped(path, max_bytes), path)
+
+
+def read_capped(path: Path, max_bytes: int = MAX_JSON_BYTES) -> bytes:
+    """``path``'s bytes, refused (one-line :class:`CheckpointError`) over ``max_bytes``."""
     try:
         size = path.stat().st_size
         if size > max_bytes:
             raise CheckpointError(path, f"{size} bytes, over the {max_bytes} byte limit for JSON")
-        raw = path.read_bytes()
+        return path.read_bytes()
     except OSError as exc:
         raise CheckpointError(path, f"cannot read: {exc.strerror or exc}") from None
+
+
+def parse_json_object(raw: bytes, path: Path) -> dict[str, Any]:
+    """:func:`read_json_object` on bytes already read from ``path`` (named in errors)."""
     too_deep = CheckpointError(path, f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     if len(raw) <= DEPTH_SCAN_BYTES and nesting_exceeds(raw, MAX_JSON_DEPTH):
         raise too_deep

@@ -6,10 +6,11 @@ values (padded embeddings), and different tokenizers can share a size.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import hashlib
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from spectool.ckpt.jsonfile import read_json_object
+from spectool.ckpt.jsonfile import parse_json_object, read_capped
 from spectool.constants import MAX_TOKENIZER_BYTES
 from spectool.errors import CheckpointError
 
@@ -33,17 +34,43 @@ class TokenizerFacts:
         return max(self.vocab.values(), default=-1)
 
 
+# Large tokenizers decoded in this process, by the SHA-256 of their bytes: decoding a
+# multi-megabyte tokenizer.json costs ~10x hashing it, and a process that inspects models of
+# one family again (tests; tune and build run check) decodes each tokenizer once. The facts
+# are only read; a hit is returned with the caller's path.
+_CACHE: dict[tuple[str, str | None], TokenizerFacts] = {}
+_CACHE_SIZE = 4
+_CACHE_MIN_BYTES = 1 << 20
+
+
 def load_tokenizer_facts(folder: Path) -> TokenizerFacts | None:
     """Read ``tokenizer.json`` (+ ``tokenizer_config.json``) of a folder; None when absent."""
     path = folder / "tokenizer.json"
     if not path.is_file():
         return None
-    data = read_json_object(path, max_bytes=MAX_TOKENIZER_BYTES)
+    raw = read_capped(path, MAX_TOKENIZER_BYTES)
+    config_path = folder / "tokenizer_config.json"
+    config_raw = read_capped(config_path) if config_path.is_file() else None
+    key = (
+        hashlib.sha256(raw).hexdigest(),
+        hashlib.sha256(config_raw).hexdigest() if config_raw is not None else None,
+    )
+    if key in _CACHE:
+        return replace(_CACHE[key], path=path)
+    facts = _facts(path, raw, config_path, config_raw)
+    if len(raw) >= _CACHE_MIN_BYTES:
+        while len(_CACHE) >= _CACHE_SIZE:
+            del _CACHE[next(iter(_CACHE))]  # the oldest
+        _CACHE[key] = facts
+    return facts
+
+
+def _facts(path: Path, raw: bytes, config_path: Path, config_raw: bytes | None) -> TokenizerFacts:
+    data = parse_json_object(raw, path)
     vocab, special = _vocab_from_tokenizer_json(data, path)
     bos = eos = None
-    config_path = folder / "tokenizer_config.json"
-    if config_path.is_file():
-        config = read_json_object(config_path)
+    if config_raw is not None:
+        config = parse_json_object(config_raw, config_path)
         bos, eos = _token_text(config.get("bos_token")), _token_text(config.get("eos_token"))
     return TokenizerFacts(
         path=path, vocab=vocab, special_tokens=special, bos_token=bos, eos_token=eos

@@ -60,7 +60,7 @@ def setup_for(
     target_geom = geom(target)
     assert target_geom is not None
     if mtp_layer is None and method == "mtp" and not isinstance(target, Geometry):
-        mtp_layer = mtp_geometry_from_checkpoint(target)
+        mtp_layer = mtp_geometry_from_checkpoint(target, target=target_geom)
     return Setup(
         target=target_geom,
         method=method,

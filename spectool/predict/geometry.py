@@ -235,19 +235,20 @@ def geometry_from_checkpoint(ckpt: Checkpoint, kv_dtype: str | None = None) -> G
         layer = _LAYER_RE.search(name)
         if (layer and int(layer.group(1)) >= layers) or name.startswith(("mtp.", "mtp_layers.")):
             continue  # MTP layers: a draft, not the target
+        numel = info.numel  # once per tensor: a large MoE holds ~10^5 of them
         bytes_total += info.nbytes
-        count_total += info.numel
+        count_total += numel
         if name in _EMBED_NAMES:
-            embed = float(info.numel)
+            embed = float(numel)
             continue
         if name == "lm_head.weight":
-            lm_head = float(info.numel)
+            lm_head = float(numel)
         expert = _EXPERT_RE.search(name)
         if expert and layer:
             key = (int(layer.group(1)), int(expert.group(1)))
-            experts[key] = experts.get(key, 0.0) + info.numel
+            experts[key] = experts.get(key, 0.0) + numel
         else:
-            dense += info.numel
+            dense += numel
     own_embedding = embed
     if lm_head == 0.0 and embed:  # tied embeddings: the LM head multiplies by the table
         lm_head = embed
@@ -293,7 +294,9 @@ _MTP_MODULE_RE = re.compile(r"^(?:mtp\.layers|mtp_layers)\.(\d+)\.")
 _SHARED_COPIES = ("embed_tokens.weight", "shared_head.head.weight")
 
 
-def mtp_geometry_from_checkpoint(ckpt: Checkpoint, kv_dtype: str | None = None) -> Geometry | None:
+def mtp_geometry_from_checkpoint(
+    ckpt: Checkpoint, kv_dtype: str | None = None, *, target: Geometry | None = None
+) -> Geometry | None:
     """The first MTP module of a target checkpoint, sized for the step-cost model (one draft
     step is one forward of it); None when the weights hold no MTP module.
 
@@ -303,7 +306,8 @@ def mtp_geometry_from_checkpoint(ckpt: Checkpoint, kv_dtype: str | None = None) 
     (``shared_head.head`` when stored, else ``lm_head`` or the tied embedding); a stored
     ``embed_tokens`` copy is a row lookup and is left out, as for every model.
     """
-    target = geometry_from_checkpoint(ckpt, kv_dtype)
+    if target is None:  # the caller's, when it has read it already (same ckpt and kv_dtype)
+        target = geometry_from_checkpoint(ckpt, kv_dtype)
     layers = ckpt.num_layers or 0
     module: dict[str, Any] = {}
     for raw_name, info in ckpt.tensors.items():

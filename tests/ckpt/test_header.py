@@ -141,3 +141,30 @@ def test_index_names_missing_shard_and_missing_tensor(tmp_path: Path) -> None:
         read_safetensors_folder(tmp_path)
     index.write_text(json.dumps({"weight_map": {"a": "s1.safetensors"}}))
     assert read_safetensors_folder(tmp_path)["a"].shape == (2,)
+
+
+def test_a_large_folder_is_read_again_only_when_a_file_changed(tmp_path: Path, monkeypatch) -> None:
+    """Large folders are parsed once per process while their files are unchanged; a rewritten,
+    added or removed file is read again, and the caller's dict is its own."""
+    from spectool.ckpt import header
+
+    monkeypatch.setattr(header, "_FOLDER_CACHE", {})
+    monkeypatch.setattr(header, "_FOLDER_CACHE_MIN_TENSORS", 3)
+    parsed: list[Path] = []
+    real = header.read_safetensors_header
+    monkeypatch.setattr(header, "read_safetensors_header", lambda p: parsed.append(p) or real(p))
+    save_file({n: np.zeros(2, np.float32) for n in "abc"}, tmp_path / "m.safetensors")
+    first = read_safetensors_folder(tmp_path)
+    first.pop("a")  # the caller's copy: the cache keeps its own
+    again = read_safetensors_folder(tmp_path)
+    assert set(again) == {"a", "b", "c"} and len(parsed) == 1
+    save_file({n: np.zeros(3, np.float32) for n in "abc"}, tmp_path / "m.safetensors")
+    assert read_safetensors_folder(tmp_path)["a"].shape == (3,) and len(parsed) == 2
+    save_file({"d": np.zeros(1, np.float32)}, tmp_path / "n.safetensors")
+    assert "d" in read_safetensors_folder(tmp_path) and len(parsed) == 4
+    (tmp_path / "n.safetensors").unlink()  # the files as they were two reads ago: kept
+    assert "d" not in read_safetensors_folder(tmp_path) and len(parsed) == 4
+    save_file({"a": np.zeros(2, np.float32)}, tmp_path / "m.safetensors")  # small: not kept
+    read_safetensors_folder(tmp_path)
+    assert read_safetensors_folder(tmp_path) == {"a": real(tmp_path / "m.safetensors")["a"]}
+    assert len(parsed) == 6

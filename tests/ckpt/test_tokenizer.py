@@ -46,3 +46,28 @@ def test_malformed_tokenizer_json(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="JSON object"):
         load_tokenizer_facts(tmp_path)
     assert load_tokenizer_facts(tmp_path / "missing") is None
+
+
+def test_a_large_tokenizer_is_decoded_once_per_content(tmp_path: Path, monkeypatch) -> None:
+    """The same bytes in another folder are not decoded again (the facts name that folder's
+    file); changed bytes, in tokenizer.json or tokenizer_config.json, are."""
+    from spectool.ckpt import tokenizer
+
+    monkeypatch.setattr(tokenizer, "_CACHE", {})
+    monkeypatch.setattr(tokenizer, "_CACHE_MIN_BYTES", 10)
+    decoded: list[Path] = []
+    real = tokenizer._facts
+    monkeypatch.setattr(tokenizer, "_facts", lambda p, *a: decoded.append(p) or real(p, *a))
+    body = {"model": {"vocab": {"a": 0, "b": 1}}, "added_tokens": []}
+    for name in ("one", "two"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "tokenizer.json").write_text(json.dumps(body))
+    one = load_tokenizer_facts(tmp_path / "one")
+    two = load_tokenizer_facts(tmp_path / "two")
+    assert one is not None and two is not None and one.vocab == two.vocab == {"a": 0, "b": 1}
+    assert two.path == tmp_path / "two" / "tokenizer.json" and len(decoded) == 1
+    body["model"]["vocab"]["c"] = 2
+    (tmp_path / "two" / "tokenizer.json").write_text(json.dumps(body))
+    assert load_tokenizer_facts(tmp_path / "two").vocab["c"] == 2 and len(decoded) == 2
+    (tmp_path / "two" / "tokenizer_config.json").write_text('{"eos_token": "c"}')
+    assert load_tokenizer_facts(tmp_path / "two").eos_token == "c" and len(decoded) == 3

@@ -58,6 +58,8 @@ def tune_args(models: tuple[Path, Path], workload: Path, out: Path) -> list[str]
         "cpu",
         "--threads",
         "1",
+        "--budget",  # seconds per cell: the pairs the assertions need, not the default 30 s
+        "1",
         "--out",
         str(out),
     ]

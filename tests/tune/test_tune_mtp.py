@@ -19,7 +19,9 @@ def test_tune_measures_the_demo_targets_mtp_module(tune_workload: Path, tmp_path
     args = ["tune", "spectool:demo-target-mtp", "--method", "mtp", "--engine", "torch"]
     args += ["--max-draft-len", "2", "--concurrency", "1", "--workload", str(tune_workload)]
     args += ["--num-prompts", "4", "--max-tokens", "8", "--device", "cpu", "--threads", "1"]
-    args += ["--budget", "5", "--out", str(out), "--json"]
+    # greedy decoding of the same prompts: the acceptance asserted below is the same at 8 pairs
+    # a cell (--budget 1) as at 24 (--budget 5), tokens_per_step 1.4, alphas (0.5, 0.0)
+    args += ["--budget", "1", "--out", str(out), "--json"]
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
         code = main(args)
