@@ -1,0 +1,122 @@
+"""Judging a choice against a brute-force sweep that is itself measured, not known.
+
+A sweep measures every configuration (every method at every draft length, and the baseline)
+a few rounds. Its best configuration is the largest of many noisy means, so it is biased
+upwards: on the built-in workload at concurrency 4 (three rounds on the 2-core machine under
+other jobs), draft_model k=2 averaged 69 tokens/s per user from rounds of 90, 61 and 55 and
+k=4 61 from 61, 64 and 58; the "best" of seventeen such means beat a choice by 13 % that no
+round but the first told apart. Holding a choice to 95 % of that maximum measures the sweep's
+luck as much as the choice. So the judgment here is made of three figures:
+
+* **in sample** (what the issue's bar reads): the choice's mean over the best mean;
+* **held out**: for each round, the best configuration is picked on the *other* rounds and
+  both are read in this one (leave one round out); the share is the geometric mean over
+  rounds. A lucky round cannot both crown a configuration and score it, so the winner's curse
+  is gone (the held-out best can then be worse than the choice: shares above 1 are kept);
+* **its interval**: the paired per-round log-shares against the in-sample best (same round,
+  same minutes) give a t interval; where its top is below the bar the choice is *proven* short.
+
+A round's figure for a configuration is its per-user tokens/s over the baseline blocks that
+bracket it in that round (:func:`bracketed_speedups`), so a round on a slower machine does not
+pull every configuration down together and swap their order with the rounds that ran fast.
+
+Pure: means in, figures out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from scipy import stats
+
+from spectool.errors import BadInputError
+
+BASE = "base"
+
+
+def bracketed_speedups(blocks: Sequence[tuple[str, float]]) -> dict[str, float]:
+    """One round's speed-ups: each configuration's per-user tokens/s over the mean of the
+    nearest baseline block before it and after it (the one there is at an end).
+
+    ``blocks`` are ``(name, tokens/s)`` in the order run; ``BASE`` blocks are the baseline.
+    The baseline itself scores 1."""
+    bases = [i for i, (name, _) in enumerate(blocks) if name == BASE]
+    if not bases:
+        raise BadInputError("sweep round", "no baseline block to compare the others with")
+    out: dict[str, float] = {BASE: 1.0}
+    for i, (name, rate) in enumerate(blocks):
+        if name == BASE:
+            continue
+        before = [blocks[j][1] for j in bases if j < i][-1:]
+        after = [blocks[j][1] for j in bases if j > i][:1]
+        near = before + after
+        out[name] = rate / (sum(near) / len(near))
+    return out
+
+
+@dataclass(frozen=True)
+class SweepJudgment:
+    """A choice against a sweep of ``rounds`` rounds (see the module docstring)."""
+
+    chosen: str
+    best: str  # in sample
+    share: float  # in sample: the choice's mean over the best mean
+    heldout_share: float
+    low: float  # t interval of the share against the in-sample best, per-round pairs
+    high: float
+    rounds: int
+
+    def verdict(self, quality: float) -> str:
+        """``holds`` (in sample at the bar), ``within noise`` (held out at the bar and the
+        interval reaching it), or ``short`` (below the bar, held out or proven)."""
+        if self.share >= quality:
+            return "holds"
+        if self.heldout_share >= quality and self.high >= quality:
+            return "within noise"
+        return "short"
+
+
+def judge(
+    rounds: Sequence[Mapping[str, float]], chosen: str, *, confidence: float = 0.9
+) -> SweepJudgment:
+    """``chosen`` against the sweep whose round ``i`` scored the configurations ``rounds[i]``
+    (higher is better: tokens/s, or speed-ups over the round's baseline)."""
+    if not rounds:
+        raise BadInputError("sweep", "no rounds to judge against")
+    names = set(rounds[0])
+    if any(set(r) != names for r in rounds) or chosen not in names:
+        raise BadInputError("sweep", f"every round must score every configuration and {chosen}")
+
+    def mean(name: str, skip: int | None = None) -> float:
+        values = [r[name] for i, r in enumerate(rounds) if i != skip]
+        return sum(values) / len(values)
+
+    best = max(sorted(names), key=mean)
+    share = mean(chosen) / mean(best)
+    n = len(rounds)
+    if n > 1:
+        logs = []
+        for i, r in enumerate(rounds):
+            fold_best = max(sorted(names), key=lambda name, i=i: mean(name, skip=i))
+            logs.append(math.log(r[chosen] / r[fold_best]))
+        heldout = math.exp(sum(logs) / n)
+    else:
+        heldout = share
+    paired = [math.log(r[chosen] / r[best]) for r in rounds]
+    centre = sum(paired) / n
+    if n > 1:
+        sd = math.sqrt(sum((x - centre) ** 2 for x in paired) / (n - 1))
+        half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n)
+    else:
+        half = math.inf
+    return SweepJudgment(
+        chosen=chosen,
+        best=best,
+        share=share,
+        heldout_share=heldout,
+        low=math.exp(centre - half),
+        high=math.exp(centre + half) if math.isfinite(half) else math.inf,
+        rounds=n,
+    )
