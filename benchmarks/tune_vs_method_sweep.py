@@ -7,8 +7,10 @@ sweep of every method and every draft length, on the embedded engine.
    at every ``k``) runs one whole pass over tune's prompts, in a fresh random order per round,
    with a baseline block before the first, after the last and after every second one
    (``B x x B x x ... B``: each configuration sits beside a baseline block of its own minutes).
-   Per block: per-user decode tokens/s, the mean over requests of
-   ``(output tokens - 1) / (end - first token)``; per round and configuration, that over the
+   Per block: per-user decode tokens/s as users' time per output token gives it, 1 / TPOT
+   with TPOT pooled over the block's requests (decode time over decode tokens: what tune's
+   default objective compares, and :func:`spectool.decide.replay.per_user_tokens_per_s`);
+   per round and configuration, that over the
    mean of the baseline blocks bracketing it (:func:`spectool.decide.sweep_judge.
    bracketed_speedups`), so a round that ran on a slower machine does not reorder the rest.
 2. **Tune**: ``spectool tune`` (the method comparison) ``--runs`` times, each in a fresh
@@ -57,16 +59,21 @@ QUALITY = 0.95
 VERDICT_MARGIN = 0.05
 
 
-def per_user_tokens_per_s(records) -> list[float]:  # noqa: ANN001
-    """Per request: decode tokens over decode time (the first token is the prefill's)."""
-    rates = []
+def decode_spans(records) -> list[tuple[int, float]]:  # noqa: ANN001
+    """Per request: decode tokens and decode seconds (the first token is the prefill's)."""
+    spans = []
     for r in records:
         if r.first_token_time_s is None or r.output_tokens < 2:
             continue
         span = r.end_time_s - r.first_token_time_s
         if span > 0:
-            rates.append((r.output_tokens - 1) / span)
-    return rates
+            spans.append((r.output_tokens - 1, span))
+    return spans
+
+
+def pooled_rate(spans: list) -> float:  # noqa: ANN001
+    """1 / TPOT, TPOT pooled over requests: decode tokens over decode seconds."""
+    return sum(t for t, _ in spans) / sum(s for _, s in spans)
 
 
 def with_baselines(configs: list) -> list:  # noqa: ANN001
@@ -82,12 +89,13 @@ def with_baselines(configs: list) -> list:  # noqa: ANN001
 def sweep(
     args: argparse.Namespace, out: Path
 ) -> tuple[dict[str, dict[str, list[float]]], dict[str, list[list[tuple[str, float]]]]]:
-    """``{concurrency: {config: per-request rates}}`` (config ``base`` or ``method k=K``), and
-    per concurrency the rounds as run: ``[(config, mean per-user tokens/s of its block), ...]``."""
+    """``{concurrency: {config: per-request (decode tokens, seconds)}}`` (config ``base`` or
+    ``method k=K``), and per concurrency the rounds as run: ``[(config, its block's pooled
+    per-user tokens/s), ...]``."""
     requests = method_requests(_request(args, out / "sweep-setup"))
     resolved = resolve_all(requests)
     count_tokens, prompts, _, _ = measurement_plan(resolved[0])
-    rates: dict[str, dict[str, list[float]]] = {}
+    rates: dict[str, dict[str, list[tuple[int, float]]]] = {}
     rounds: dict[str, list[list[tuple[str, float]]]] = {}
     drivers = []
     for r in resolved:
@@ -130,9 +138,9 @@ def sweep(
                         metrics_interval_s=METRICS_INTERVAL_S,
                         metrics_path=info.metrics_path,
                     )[0]
-                    got = per_user_tokens_per_s(result.records)
+                    got = decode_spans(result.records)
                     rates.setdefault(str(c), {}).setdefault(name, []).extend(got)
-                    blocks.append((name, sum(got) / len(got)))
+                    blocks.append((name, pooled_rate(got)))
                 rounds.setdefault(str(c), []).append(blocks)
                 print(f"sweep round {round_ + 1}/{args.rounds}, concurrency {c} done", flush=True)
     finally:
@@ -173,8 +181,8 @@ def run_tune(args: argparse.Namespace, out: Path) -> tuple[dict, float]:
 
 def round_scores(data: dict) -> tuple[dict[str, list[dict[str, float]]], str]:
     """Per concurrency, each round's score per configuration, and what the scores are: speed-ups
-    over the bracketing baselines, or (a benchmark.json from before them) each round's share of
-    the pooled per-request rates, in tokens/s."""
+    over the bracketing baselines, or (a benchmark.json from before them, which kept only each
+    request's tokens/s) per round 1 / the mean of the requests' TPOT, in tokens/s."""
     if "rounds" in data:
         scores = {
             c: [bracketed_speedups([tuple(b) for b in blocks]) for blocks in by_round]
@@ -184,13 +192,13 @@ def round_scores(data: dict) -> tuple[dict[str, list[dict[str, float]]], str]:
     n = data["args"]["rounds"]
     scores = {
         c: [
-            {name: sum(v[i * len(v) // n : (i + 1) * len(v) // n]) / (len(v) // n)
+            {name: (len(v) // n) / sum(1 / x for x in v[i * len(v) // n : (i + 1) * len(v) // n])
              for name, v in by.items()}
             for i in range(n)
         ]
         for c, by in data["rates"].items()
     }  # fmt: skip
-    return scores, "per-user tokens/s, the rates split into their rounds (no bracketing baselines)"
+    return scores, "1 / mean TPOT in tokens/s, the requests split into rounds (no bracketing)"
 
 
 def report(data: dict) -> bool:
@@ -251,8 +259,8 @@ def main() -> int:
     data = {
         "args": vars(args) | {"out": str(out), "rejudge": None},
         "sweep_s": sweep_s,
-        "means": {c: {k: sum(v) / len(v) for k, v in by.items()} for c, by in rates.items()},
-        "rates": rates,
+        "means": {c: {k: pooled_rate(v) for k, v in by.items()} for c, by in rates.items()},
+        "requests": rates,
         "rounds": rounds,
         "runs": runs,
     }
