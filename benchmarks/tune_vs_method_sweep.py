@@ -31,6 +31,8 @@ Usage::
 
     python benchmarks/tune_vs_method_sweep.py --out out/msweep                   # built-in
     python benchmarks/tune_vs_method_sweep.py --rejudge out/msweep              # no measuring
+    python benchmarks/tune_vs_method_sweep.py --workload code --runs 5 --out out/ms-code
+    python benchmarks/tune_vs_method_sweep.py --workload prose --runs 5 --out out/ms-prose
     python benchmarks/tune_vs_method_sweep.py --workload code.jsonl --concurrency 1,4,16 \
         --max-tokens 64 --num-prompts 16 --runs 5 --out out/msweep-code
 """
@@ -84,6 +86,46 @@ def with_baselines(configs: list) -> list:  # noqa: ANN001
         if i % 2 == 1 or i == len(configs) - 1:
             out.append(None)
     return out
+
+
+CODE_MODULES = (
+    "argparse", "textwrap", "shlex", "fractions", "heapq", "bisect", "statistics", "difflib",
+    "string", "calendar", "colorsys", "ipaddress", "json/encoder", "csv", "glob", "fnmatch",
+)  # fmt: skip
+PROSE_OBJECTS = (
+    "textwrap.dedent", "statistics.quantiles", "heapq.merge", "bisect.insort_right",
+    "statistics.median", "difflib.SequenceMatcher", "difflib.unified_diff",
+    "fractions.Fraction.limit_denominator", "ipaddress.ip_network", "json.dumps", "json.loads",
+    "glob.glob", "functools.reduce", "functools.lru_cache", "itertools.groupby",
+    "collections.namedtuple",
+)  # fmt: skip
+
+
+def named_workload(name: str, out: Path) -> Path:
+    """``code`` (16 pieces of Python from the standard library, each from its first ``def`` or ``class``) or
+    ``prose`` (16 standard-library docstrings) as a workload file ``OUT/<name>.jsonl``: the two
+    workloads of the method sweeps, where n-gram lookup is strong and where it is weak."""
+    import importlib
+    import inspect
+    import sysconfig
+
+    prompts = []
+    if name == "code":
+        stdlib = Path(sysconfig.get_paths()["stdlib"])
+        for module in CODE_MODULES:
+            text = (stdlib / f"{module}.py").read_text(encoding="utf-8")
+            start = min(i for i in (text.find("\ndef "), text.find("\nclass ")) if i >= 0) + 1
+            prompts.append(text[start : start + 900])
+    else:
+        for dotted in PROSE_OBJECTS:
+            module, _, rest = dotted.partition(".")
+            obj = importlib.import_module(module)
+            for part in rest.split("."):
+                obj = getattr(obj, part)
+            prompts.append(f"{dotted}\n\n{inspect.getdoc(obj)[:900]}")
+    path = out / f"{name}.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p, "category": name}) + "\n" for p in prompts))
+    return path
 
 
 def sweep(
@@ -233,7 +275,7 @@ def report(data: dict) -> bool:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workload", default=None)
+    parser.add_argument("--workload", default=None, help="a workload file, or code / prose")
     parser.add_argument("--concurrency", default="1,4,16")
     parser.add_argument("--max-draft-len", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=32)
@@ -249,6 +291,8 @@ def main() -> int:
         return 0 if report(json.loads((args.rejudge / "benchmark.json").read_text())) else 1
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
+    if args.workload in ("code", "prose"):
+        args.workload = str(named_workload(args.workload, out))
     started = time.perf_counter()
     rates, rounds = sweep(args, out)
     sweep_s = time.perf_counter() - started
