@@ -13,6 +13,8 @@ sweep of every method and every draft length, on the embedded engine.
    per round and configuration, that over the
    mean of the baseline blocks bracketing it (:func:`spectool.decide.sweep_judge.
    bracketed_speedups`), so a round that ran on a slower machine does not reorder the rest.
+   Every block's trial (requests and the engine's iteration stats) is kept in
+   ``OUT/sweep/trials.jsonl``, labelled ``sweep CONFIG c=C round=R block=B``.
 2. **Tune**: ``spectool tune`` (the method comparison) ``--runs`` times, each in a fresh
    folder, with the same workload, concurrencies and settings.
 3. **Checks** per run and concurrency: the sweep's speed-up of tune's deployed (method, k)
@@ -58,6 +60,7 @@ from spectool.tuning.request import TuneRequest, parse_concurrencies  # noqa: E4
 from spectool.tuning.trials import BLOCK_WAVES  # noqa: E402
 
 QUALITY = 0.95
+TRIALS = "trials.jsonl"
 VERDICT_MARGIN = 0.05
 
 
@@ -158,11 +161,11 @@ def sweep(
                 order = list(range(n))
                 rng.shuffle(order)
                 blocks: list[tuple[str, float]] = []
-                for slot in with_baselines(configs):
+                for position, slot in enumerate(with_baselines(configs)):
                     name, driver, k = slot or (BASE, drivers[0][1], 0)
                     info = driver.serve(k)
                     trial = TrialConfig(
-                        label=f"sweep {name} c={c} round={round_}",
+                        label=f"sweep {name} c={c} round={round_} block={position}",
                         concurrency=c,
                         # at least two waves, as tune's blocks (trials.BLOCK_WAVES): a closed
                         # loop in which finished requests are replaced and arriving prefills
@@ -179,6 +182,8 @@ def sweep(
                         count_tokens=count_tokens,
                         metrics_interval_s=METRICS_INTERVAL_S,
                         metrics_path=info.metrics_path,
+                        results_path=out / "sweep" / TRIALS,  # every block, for replays
+                        finished={},
                     )[0]
                     got = decode_spans(result.records)
                     rates.setdefault(str(c), {}).setdefault(name, []).extend(got)
