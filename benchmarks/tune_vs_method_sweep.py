@@ -133,10 +133,10 @@ def named_workload(name: str, out: Path) -> Path:
 
 def sweep(
     args: argparse.Namespace, out: Path
-) -> tuple[dict[str, dict[str, list[float]]], dict[str, list[list[tuple[str, float]]]]]:
+) -> tuple[dict[str, dict[str, list]], dict[str, list[list[tuple[str, float]]]], list[str]]:
     """``{concurrency: {config: per-request (decode tokens, seconds)}}`` (config ``base`` or
     ``method k=K``), and per concurrency the rounds as run: ``[(config, its block's pooled
-    per-user tokens/s), ...]``."""
+    per-user tokens/s), ...]``; and the methods in the profile's order."""
     requests = method_requests(_request(args, out / "sweep-setup"))
     resolved = resolve_all(requests)
     count_tokens, prompts, _, _ = measurement_plan(resolved[0])
@@ -193,7 +193,7 @@ def sweep(
     finally:
         for _, driver in drivers:
             driver.close()
-    return rates, rounds
+    return rates, rounds, [m for m, _ in drivers]
 
 
 def _request(args: argparse.Namespace, out: Path) -> TuneRequest:
@@ -299,7 +299,7 @@ def main() -> int:
     if args.workload in ("code", "prose"):
         args.workload = str(named_workload(args.workload, out))
     started = time.perf_counter()
-    rates, rounds = sweep(args, out)
+    rates, rounds, methods = sweep(args, out)
     sweep_s = time.perf_counter() - started
     runs = []
     for i in range(0 if args.sweep_only else args.runs):
@@ -311,6 +311,7 @@ def main() -> int:
         "means": {c: {k: pooled_rate(v) for k, v in by.items()} for c, by in rates.items()},
         "requests": rates,
         "rounds": rounds,
+        "methods": methods,  # the profile's order (the order tune compares them in)
         "runs": runs,
     }
     ok = report(data)

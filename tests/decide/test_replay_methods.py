@@ -1,0 +1,52 @@
+"""Replaying tune's method comparison on method grids, judged against the other rounds."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from spectool.decide.replay_methods import replay_methods
+from spectool.errors import BadInputError
+
+from .world import World
+
+CONCS = (1, 4, 16)
+K = 4
+STRONG = World(alphas=(0.9, 0.8, 0.7, 0.6, 0.5, 0.4), with_records=True, steps=120)
+WEAK = World(alphas=(0.5, 0.35, 0.25, 0.15, 0.1, 0.05), with_records=True, steps=120)
+
+
+def _round(seed: int) -> dict[str, dict]:
+    strong, weak = replace(STRONG, seed=seed), replace(WEAK, seed=seed + 100)
+    grids = {
+        "draft_model": {(c, k): weak.measure(c, k) for c in CONCS for k in range(1, K + 1)},
+        "eagle3": {(c, k): strong.measure(c, k) for c in CONCS for k in range(1, K + 1)},
+    }
+    for c in CONCS:  # one baseline per round, shared by every method
+        base = strong.measure(c, 0)
+        for grid in grids.values():
+            grid[(c, 0)] = base
+    return grids
+
+
+def test_the_replayed_comparison_deploys_the_stronger_method_near_the_best() -> None:
+    rounds = [_round(seed) for seed in range(3)]
+    replays = replay_methods(rounds, ["r0", "r1", "r2"], ["draft_model", "eagle3"], n_boot=100)
+    for replay in replays:
+        assert replay.chosen == "eagle3"
+        assert replay.quality and replay.verdicts and replay.worst_share >= 0.95
+        assert all(row["best"].startswith("eagle3") for row in replay.rows)
+        # the later method's search reads the earlier one's ratios as its rival: fewer cells
+        assert replay.cells_measured < replay.cells_in_round
+    # the weak method deployed instead would be judged short of the best
+    weak_only = replay_methods(rounds, ["r0", "r1", "r2"], ["draft_model"], n_boot=100)
+    assert all(r.chosen == "draft_model" and r.worst_share < 0.95 for r in weak_only)
+
+
+def test_rounds_that_do_not_hold_every_method_are_refused() -> None:
+    rounds = [_round(0), _round(1)]
+    with pytest.raises(BadInputError):
+        replay_methods(rounds[:1], ["r0"], ["draft_model", "eagle3"])
+    with pytest.raises(BadInputError):
+        replay_methods(rounds, ["r0", "r1"], ["draft_model", "eagle3", "ngram"])
