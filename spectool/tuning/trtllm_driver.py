@@ -26,6 +26,7 @@ constant acceptance rate to it).
 from __future__ import annotations
 
 import subprocess
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from spectool.deploy import supervise
+from spectool.deploy.supervise import HealthWait
 from spectool.tuning.driver import ServerInfo
 from spectool.tuning.gpu_sets import GpuSets
 from spectool.tuning.request import ResolvedTune
@@ -51,13 +53,27 @@ class _Server:
     name: str
     log_path: Path
     model: str
-    spawned: float = field(default_factory=time.monotonic)
     spawned_at: float = field(default_factory=time.time)
-    ready_s: float | None = None  # its load time, once it answered /health
+    ready_s: float | None = None  # its load time, once tune has waited for it
     stopped_at: float | None = None
+    health: HealthWait | None = None  # how its /health watch ended (see watch)
+    watcher: threading.Thread | None = None
+    stopping: threading.Event = field(default_factory=threading.Event)
 
-    def age(self) -> float:
-        return time.monotonic() - self.spawned
+    def watch(self, timeout_s: float) -> None:
+        """Poll ``/health`` from the moment the server is spawned, in a thread of its own, so
+        its load time is its own even when nobody waits for it yet (a prefetched server)."""
+
+        def run() -> None:
+            self.health = supervise.poll_health(
+                self.url + "/health",
+                timeout_s=timeout_s,
+                exit_code=self.proc.poll,
+                stopped=self.stopping.is_set,
+            )
+
+        self.watcher = threading.Thread(target=run, name=f"health {self.name}", daemon=True)
+        self.watcher.start()
 
     def info(self, ready_s: float) -> ServerInfo:
         return ServerInfo(self.url, self.model, self.k, ready_s)
@@ -210,31 +226,40 @@ class TrtllmDriver:
         name = f"trtllm-serve (k={k})"
         log_path = self.log_dir / f"trtllm-k{k}.log"
         proc = supervise.spawn(argv, name=name, log_path=log_path, env=env)
-        self._slots[index] = _Server(
-            k, index, proc, f"http://{HOST}:{port}", name, log_path, self.model_name
-        )
-        self.servers.append(self._slots[index])  # type: ignore[arg-type]
+        server = _Server(k, index, proc, f"http://{HOST}:{port}", name, log_path, self.model_name)
+        server.watch(self.resolved.ready_timeout_s)
+        self._slots[index] = server
+        self.servers.append(server)
 
     def _ready(self, indices: Sequence[int]) -> list[ServerInfo]:
         """Wait until the servers on ``indices`` answer ``/health``; their infos (``ready_s``:
-        the server's own load time when it became ready now, else 0)."""
+        the server's own load time, from spawn to its first 200, when tune waits for it the
+        first time, else 0). A server that exits or is not ready in ``--ready-timeout`` is
+        :class:`~spectool.errors.ChildProcessError_` with its log's tail, as ``serve`` words it."""
         waited = time.monotonic()
         infos = []
         try:
             for i in indices:
                 server = self._slots[i]
                 assert server is not None
+                assert server.watcher is not None
                 if server.ready_s is not None:
                     infos.append(server.info(0.0))
                     continue
-                supervise.wait_healthy(
-                    server.url,
-                    server.proc,
-                    name=server.name,
-                    log_path=server.log_path,
-                    timeout_s=max(1.0, self.resolved.ready_timeout_s - server.age()),
-                )
-                server.ready_s = server.age()
+                server.watcher.join()
+                health = server.health
+                assert health is not None
+                url = server.url + "/health"
+                if health.outcome == "exited":
+                    what = f"exited with code {health.exit_code} before {url} answered"
+                    raise supervise.log_failure(server.name, what, server.log_path)
+                if health.outcome != "ready":
+                    what = (
+                        f"not ready after {self.resolved.ready_timeout_s:.0f} s ({url}: "
+                        f"{health.last}); raise --ready-timeout if the model is still loading"
+                    )
+                    raise supervise.log_failure(server.name, what, server.log_path)
+                server.ready_s = health.waited_s
                 self.starts += 1
                 infos.append(server.info(server.ready_s))
         except BaseException:
@@ -249,7 +274,10 @@ class TrtllmDriver:
         server, self._slots[index] = self._slots[index], None
         if server is None:
             return
+        server.stopping.set()
         supervise.stop(server.proc)
+        if server.watcher is not None:
+            server.watcher.join()
         server.stopped_at = time.time()
         if self.sets.launcher == "slurm":
             from spectool.tuning.gpu_sets import cancel_leftovers, job_name
