@@ -19,9 +19,10 @@ How a server gets its set:
   ``srun --nodes=1 --ntasks=1 --exact --gres=gpu:<tp> --cpus-per-task=<c> --nodelist=<this
   host> --job-name=<name> --unbuffered -- trtllm-serve ...``. Inside an allocation
   (``SLURM_JOB_ID`` set: tune in an ``sbatch -N1 --gres=gpu:N`` job, on the node) each is a
-  job step, and ``--exact`` gives a step only the resources it asks for, so steps run at the
-  same time instead of the second waiting for the first (srun(1),
-  https://slurm.schedmd.com/srun.html, ``--exact``, Slurm >= 21.08). Outside one, srun makes
+  job step (``--gpus`` may not exceed the allocation's ``SLURM_GPUS_ON_NODE``), and ``--exact``
+  gives a step only the resources it asks for, so steps run at the same time instead of the
+  second waiting for the first (srun(1), https://slurm.schedmd.com/srun.html, ``--exact``,
+  Slurm >= 21.08). Outside one, srun makes
   one job per server ("If necessary, srun will first create a resource allocation", same page).
   The GRES plugin binds the step's GPUs and sets ``CUDA_VISIBLE_DEVICES`` for it
   (https://slurm.schedmd.com/gres.html, "GPU Management"), so tune sets none. ``--nodelist``
@@ -124,6 +125,11 @@ def plan_gpu_sets(
                     "--launcher slurm",
                     f"{command} not found on PATH: Slurm's client commands are needed",
                 )
+        held = env.get("SLURM_GPUS_ON_NODE") if "SLURM_JOB_ID" in env else None
+        if held is not None and held.isdigit() and gpus > int(held):
+            raise BadInputError(
+                "--gpus", f"{gpus} GPUs asked, the Slurm allocation holds {held} on this node"
+            )
         return GpuSets("slurm", per_server, tuple(() for _ in range(sets)))
     visible = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     if "CUDA_VISIBLE_DEVICES" in env and len(visible) < gpus:

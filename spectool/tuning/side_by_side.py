@@ -18,11 +18,13 @@ memory bandwidth, PCIe switches, and the node's power budget. That effect is sym
 when the sets are identical: same GPU model and the same place in the node's topology, and
 each server with its own CPUs (``srun --exact --cpus-per-task``); tune refuses sets of unlike
 GPUs where ``nvidia-smi`` can tell. It is also the condition a deployment runs in (replicas
-side by side on a node), not a bias against either arm, as long as no shared resource
-saturates: when the arms finish a block at different times the faster one's tail runs alone,
-which favours no arm because the pair's ratio is taken per block, on each arm's own decode
-steps (``steps``) or requests. Where those conditions cannot hold (one GPU, unlike GPUs, a host
-too small for two servers and the client) ``--gpus 1`` keeps the bracketed design.
+side by side on a node). One asymmetry is left: the arms end a block at different times, and
+the slower arm's tail then runs with its neighbour idle. That favours the slower arm, whichever
+it is, so it pulls the ratio towards 1: it can turn a narrow win or loss inconclusive, never a
+loss into a win. The client process is shared too, which matters for client-side objectives
+(``tpot``, ``e2e``) only if it saturates its core; ``steps`` reads each engine's own iteration
+times. Where those conditions cannot hold (one GPU, unlike GPUs, a host too small for two
+servers and the client) ``--gpus 1`` keeps the bracketed design.
 
 Wall time: :func:`ledger` counts, from the servers of this run, how long tune waited for servers
 to load and how long one server per configuration, restarted in the order the cells asked for

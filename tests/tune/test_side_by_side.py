@@ -52,6 +52,9 @@ def test_slurm_servers_are_job_steps_with_their_own_gres(tmp_path: Path, monkeyp
     assert f"--nodelist={socket.gethostname()}" in flags  # the server binds 127.0.0.1
     assert f"--job-name={job_name(1)}" in flags and str(os.getpid()) in job_name(1)
     assert child_env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"  # Slurm's GRES sets the step's own
+    held = {"SLURM_JOB_ID": "77", "SLURM_GPUS_ON_NODE": "2"}
+    with pytest.raises(BadInputError, match="4 GPUs asked, the Slurm allocation holds 2"):
+        plan_gpu_sets(4, "slurm", engine="trtllm", per_server=2, environ=held)
 
 
 @pytest.mark.parametrize(
