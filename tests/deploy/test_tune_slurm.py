@@ -110,8 +110,11 @@ def test_tune_gpus_2_launcher_slurm_runs_two_servers_at_once_and_decides_as_sequ
         monkeypatch.setenv("SLURM_CONF", gpu_cluster.env["SLURM_CONF"])
         concurrent = _tune_argv(target, drafter, par, "--gpus", "2", "--launcher", "slurm")
         assert main(concurrent) == 0
+        shown = capsys.readouterr().out
+        assert "Servers: concurrent design" in shown and "s saved." in shown, shown
         output, _ = sequential.communicate(timeout=120)
         assert sequential.returncode == 0, output
+        assert "Servers: bracketed design" in output and "s saved." not in output, output
     finally:
         if sequential.poll() is None:
             sequential.kill()
