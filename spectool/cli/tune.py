@@ -48,6 +48,8 @@ from spectool.cli.tune_options import (
     DeviceOpt,
     DtypeOpt,
     ForceOpt,
+    GpusOpt,
+    LauncherOpt,
     MaxTokensOpt,
     MinGainOpt,
     NumPromptsOpt,
@@ -110,7 +112,7 @@ class RichTuneProgress:
             console=err_console,
             transient=True,
         )
-        self._task: Any = None
+        self._tasks: dict[str, Any] = {}  # per trial label: two run at once with --gpus
 
     def __enter__(self) -> RichTuneProgress:
         self.progress.start()
@@ -134,16 +136,17 @@ class RichTuneProgress:
 
     def on_trial_start(self, config: TrialConfig, num_requests: int) -> None:
         label = config.label.split(" setup=")[0]
-        self._task = self.progress.add_task(f"  c={config.concurrency} {label}", total=num_requests)
+        task = self.progress.add_task(f"  c={config.concurrency} {label}", total=num_requests)
+        self._tasks[config.label] = task
 
     def on_request_done(self, config: TrialConfig, result: StreamResult) -> None:
-        if self._task is not None:
-            self.progress.advance(self._task)
+        if config.label in self._tasks:
+            self.progress.advance(self._tasks[config.label])
 
     def on_trial_done(self, result: TrialResult) -> None:
-        if self._task is not None:
-            self.progress.remove_task(self._task)
-            self._task = None
+        task = self._tasks.pop(result.config.label, None)
+        if task is not None:
+            self.progress.remove_task(task)
         if "#p" in result.config.label:  # a block of a paired cell: the bar was enough
             return
         tokens = sum(r.output_tokens for r in result.records)
@@ -244,6 +247,8 @@ def tune(
     trtllm_backend: TrtllmBackendOpt = "pytorch",
     gpu: TuneGpuOpt = "auto",
     tp: TpOpt = 1,
+    gpus: GpusOpt = 1,
+    launcher: LauncherOpt = "local",
     ready_timeout: ReadyTimeoutOpt = None,
     confidence: ConfidenceOpt = 0.95,
     seed: SeedOpt = 0,
@@ -297,6 +302,8 @@ def tune(
         trtllm_backend=trtllm_backend,
         gpu=gpu,
         tp=tp,
+        gpus=gpus,
+        launcher=launcher,
         ready_timeout_s=ready_timeout,
         trust_remote_code=trust_remote_code,
         confidence=confidence,

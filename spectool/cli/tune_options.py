@@ -241,6 +241,28 @@ AcceptanceFromOpt = Annotated[
     ),
 ]
 
+GpusOpt = Annotated[
+    int,
+    typer.Option(
+        "--gpus",
+        help="trtllm: GPUs tune may use, in sets of one server's GPUs (--tp). Two sets or more: "
+        "the baseline server stays up beside the speculative one and each pair of blocks is "
+        "measured at the same moment (concurrent design); one set: one server at a time, the "
+        "baseline measured before and after (bracketed design).",
+        rich_help_panel=ENGINE,
+    ),
+]
+LauncherOpt = Annotated[
+    str,
+    typer.Option(
+        "--launcher",
+        help="trtllm: how servers start: local (CUDA_VISIBLE_DEVICES per GPU set) or slurm (one "
+        "srun --exact --gres=gpu:<tp> job step per server; a job per server outside an "
+        "allocation).",
+        rich_help_panel=ENGINE,
+    ),
+]
+
 TuneGpuOpt = option(GpuOpt, panel=ENGINE)
 TuneMaxBatchOpt = option(MaxBatchOpt, default="the largest --concurrency")
 

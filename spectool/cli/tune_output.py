@@ -23,6 +23,7 @@ def summary_json(outcome: TuneOutcome) -> dict[str, Any]:
             "trials_measured_now": outcome.trials_measured_now,
         },
         "wall_s": outcome.wall_s,
+        "measurement": outcome.servers,  # TensorRT-LLM: design, GPU sets, wall time saved
         "files": [str(p) for p in outcome.files],
         "notes": list(outcome.notes),
     }
@@ -77,6 +78,10 @@ def render(outcome: TuneOutcome) -> None:
         f"({len(result.measured_now)} measured now, {len(result.reused)} reused); "
         f"{outcome.trials_measured_now} trials; {outcome.wall_s:.0f} s"
     )
+    from spectool.tuning.side_by_side import servers_lines
+
+    for line in servers_lines(outcome.servers):  # TensorRT-LLM: design and wall time saved
+        console.print(line.removeprefix("- ").replace("**", ""), markup=False)
     for note in outcome.notes:
         console.print(f"note: {note}", markup=False, style="yellow")
     console.print(f"wrote {len(outcome.files)} files to {outcome.out} (report: report.md)")

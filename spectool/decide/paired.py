@@ -14,6 +14,11 @@ Designs (:data:`~spectool.decide.verdict.Design`):
   both blocks have them, else from requests; :mod:`spectool.decide.cost`). A change of speed
   between pairs moves both arms of a pair alike and cancels in ``d_i``; what is left varies
   from pair to pair and is measured by their spread.
+* ``concurrent``: where a new draft length is a server restart but two identical GPU sets are
+  there (``tune --gpus``), pair ``i`` is a speculative block and a baseline block started at the
+  same moment on two servers, one per set (:mod:`spectool.tuning.side_by_side`, which also
+  argues why such a pair is fair). Estimated exactly as ``interleaved``: a change of the
+  machine's speed moves both blocks of a pair alike.
 * ``bracketed``: where a new draft length is a server restart (trtllm-serve, minutes), the
   baseline is measured before and after the speculative cells; the cell is compared with both,
   and its interval spans both comparisons (:func:`bracketed_estimate`).

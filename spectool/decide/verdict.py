@@ -56,7 +56,7 @@ def objective_source(objective: str) -> Source | None:
     return OBJECTIVES[objective]
 
 
-Design = Literal["interleaved", "bracketed", "unpaired"]
+Design = Literal["interleaved", "concurrent", "bracketed", "unpaired"]
 
 
 def verdict_for(ci_low: float, ci_high: float) -> Verdict:

@@ -4,7 +4,9 @@ One implementation per engine: :class:`~spectool.tuning.torch_driver.TorchDriver
 embedded engine, in a worker process) and :class:`~spectool.tuning.trtllm_driver.TrtllmDriver`
 (``trtllm-serve`` per configuration, configured by ``spectool build``'s code). At most one
 server runs at a time: asking for another ``k`` stops the current one first, so the server
-being measured has the machine to itself. The embedded engine's driver keeps one server and
+being measured has the machine to itself; the exception is ``tune --gpus`` with two GPU sets
+or more, where the TensorRT-LLM driver keeps the baseline up on one set beside the speculative
+server on another (:mod:`spectool.tuning.gpu_sets`, :mod:`spectool.tuning.side_by_side`). The embedded engine's driver keeps one server and
 switches its draft length in place (``interleaves``), which is what lets ``tune`` alternate
 speculative and baseline blocks; trtllm-serve needs a restart per draft length.
 """

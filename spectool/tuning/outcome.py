@@ -34,3 +34,5 @@ class TuneOutcome:
     measure_s: float
     files: tuple[Path, ...]
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # TensorRT-LLM: design (concurrent/bracketed), GPU sets, servers and wall time saved
+    servers: dict[str, object] | None = None

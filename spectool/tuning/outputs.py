@@ -54,10 +54,13 @@ def write_outputs(
     trials_measured_now: int,
     server_starts: int,
     started: float,
+    servers: dict[str, object] | None = None,
     measure_s: float,
     progress: MessageSink | None,
 ) -> TuneOutcome:
     """decision.json and the build files, then tune.json, report.md and the figures.
+    ``servers``: TensorRT-LLM's design, GPU sets and server wall time (decision.json's
+    ``measurement``, :func:`spectool.tuning.session._servers_ledger`).
 
     A build that fails (e.g. a release that cannot express the schedule) still leaves the
     measurements, tune.json and report.md written; its error is raised last.
@@ -82,12 +85,13 @@ def write_outputs(
     notes += drift_notes(result.cells, result.choices)
     build_error: SpectoolError | None = None
     try:
-        deployment = write_deployment(resolved, result, out)
+        extra = {"measurement": servers} if servers is not None else None
+        deployment = write_deployment(resolved, result, out, extra=extra)
         files += [deployment.decision_path, *deployment.build_files]
         notes += [f"build: {n}" for n in deployment.notes]
     except SpectoolError as exc:
         build_error = exc
-        files.append(write_decision(result, out))
+        files.append(write_decision(result, out, extra=extra))
         notes.append(f"build files not written: {exc}")
     outcome = TuneOutcome(
         result=result,
@@ -99,6 +103,7 @@ def write_outputs(
         stats=stats,
         trials_measured_now=trials_measured_now,
         server_starts=server_starts,
+        servers=servers,
         wall_s=0.0,
         measure_s=measure_s,
         files=(),

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from spectool.decide.paired import BlockPair, PairedCell, paired_estimate, settled
-from spectool.decide.verdict import CellVerdict
+from spectool.decide.verdict import CellVerdict, Design
 from spectool.measure.runner import TrialResult
 from spectool.tuning.trials import pooled_cell
 
@@ -79,6 +79,7 @@ def measure_paired(
     workload_prompts: int = 0,
     objective: str = "steps",
     stop_after: int | None = None,
+    design: Design = "interleaved",
 ) -> PairedCell:
     """The paired cell ``(concurrency, k)``; see the module docstring.
 
@@ -86,7 +87,10 @@ def measure_paired(
     ``objective``: what the pairs compare, and so what settles the cell
     (:data:`~spectool.decide.verdict.OBJECTIVES`). ``stop_after``: the cell ends there (a look)
     whatever its own rule says: the pairs a joint cell gave an arm that it *out-raced*
-    (:mod:`spectool.tuning.joint`).
+    (:mod:`spectool.tuning.joint`). ``design``: ``interleaved`` (one server, arms back to back)
+    or ``concurrent`` (two GPU sets, both arms at once: :mod:`spectool.tuning.side_by_side`;
+    ``block`` then measures a pair's arms together and the order below only says which it is
+    asked for first).
     """
     every, most, looks = look_every(pass_pairs), max_pairs(pass_pairs), looks_of(pass_pairs)
     if stop_after is not None:
@@ -102,17 +106,19 @@ def measure_paired(
             objective=objective,
             prompts_covered=len(sent),
             workload_prompts=workload_prompts,
+            design=design,
         )
 
     for i in range(most):
         spec_first = i % 2 == 0
         arms = (k, 0) if spec_first else (0, k)
-        got = {}
+        got, walls = {}, []
         for arm in arms:
             trial = block(i, arm)
-            spent += trial.wall_time_s
+            walls.append(trial.wall_time_s)
             got[arm] = pooled_cell([trial], arm, level=concurrency)
             sent.update(prompts_sent(trial))
+        spent += max(walls) if design == "concurrent" else sum(walls)  # blocks at once: wall
         pairs.append(BlockPair(got[k], got[0], spec_first=spec_first))
         if len(pairs) % every:
             continue

@@ -63,6 +63,13 @@ def _server_settings(resolved: ResolvedTune) -> dict[str, object]:
         "backend": req.trtllm_backend,
         "gpu": (resolved.report.gpu or {}).get("name"),
         "tp": req.tp,
+        # two GPU sets or more measure concurrent pairs: their trials are not the bracketed
+        # design's, so a resume with another --gpus is refused (one set: as before)
+        **(
+            {"gpu_sets": resolved.gpu_sets.count}
+            if resolved.gpu_sets is not None and resolved.gpu_sets.concurrent
+            else {}
+        ),
     }
 
 

@@ -130,6 +130,7 @@ def tune_json(outcome: TuneOutcome) -> dict[str, Any]:
             "server_starts": outcome.server_starts,
         },
         "timing": {"wall_s": outcome.wall_s, "measure_s": outcome.measure_s},
+        "measurement": outcome.servers,
         "cells": cells,
         "cost_model": (
             None if model is None else {**dataclasses.asdict(model), "fitted": list(model.fitted)}

@@ -19,6 +19,7 @@ from spectool.decide.verdict import CellVerdict
 from spectool.io import atomic_write_text
 from spectool.tuning.outcome import TuneOutcome
 from spectool.tuning.setup import PLOT_NAMES, REPORT_NAME
+from spectool.tuning.side_by_side import servers_lines
 
 DASH = "–"
 
@@ -64,6 +65,10 @@ def design_line(verdicts: Sequence[CellVerdict]) -> str:
         "interleaved": "speculative and baseline blocks interleaved on one server (A B, B A, "
         "...), each ratio from pairs measured back to back, blocks added until the interval "
         "is clear of the threshold or the cell's budget is spent",
+        "concurrent": "each speculative block and a baseline block started at the same moment "
+        "on two identical GPU sets (a server each; a new draft length is a restart of the "
+        "speculative server only), blocks added until the interval is clear of the threshold "
+        "or the cell's budget is spent",
         "bracketed": "the baseline measured before and after the speculative cells (a new "
         "draft length is a server restart); each interval spans both comparisons",
         "unpaired": "each speculative cell against a baseline measured separately",
@@ -276,6 +281,7 @@ def _runs_section(outcome: TuneOutcome) -> list[str]:
         f"{outcome.server_starts}; measuring took {outcome.measure_s:.1f} s, the whole run "
         f"{outcome.wall_s:.1f} s.",
         f"- Design: {design_line(result.cells)}",
+        *servers_lines(outcome.servers),
         "",
     ]
 

@@ -31,6 +31,7 @@ from spectool.tuning.pairing import DEFAULT_BUDGET_S
 if TYPE_CHECKING:
     from spectool.decide.slo import SloTerm
     from spectool.deploy.build import BuildRequest
+    from spectool.tuning.gpu_sets import GpuSets
 
 ENGINES = ("auto", "torch", "trtllm")
 TORCH_DEFAULT_MAX_SEQ_LEN = 1024
@@ -94,6 +95,9 @@ class TuneRequest(PairOptions):
     # capacity; terms from spectool.decide.slo.parse_slo)
     capacity: bool = False
     slo: tuple[SloTerm, ...] = ()
+    # servers side by side (spectool.tuning.gpu_sets): GPUs tune may use, and how servers start
+    gpus: int = 1
+    launcher: str = "local"
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,7 @@ class ResolvedTune:
     build_max_batch_size: int | None
     build_max_seq_len: int | None
     threads: int | None
+    gpu_sets: GpuSets | None = None  # TensorRT-LLM: the sets its servers run on (--gpus)
 
     def build_request(
         self, out: Path, *, max_draft_len: int | None, decision: Path | None = None
@@ -266,6 +271,9 @@ def resolve(req: TuneRequest) -> ResolvedTune:
             "runs on the embedded engine (--engine torch) for now: TensorRT-LLM restarts a "
             "server per arm, which open-loop pairs cannot bridge yet",
         )
+    from spectool.tuning.gpu_sets import plan_gpu_sets
+
+    sets = plan_gpu_sets(req.gpus, req.launcher, engine=engine, per_server=req.layout().world_size)
     defaults = ENGINE_DEFAULTS[engine]
     concurrencies = req.concurrencies or defaults.concurrencies
     if min(concurrencies) < 1:
@@ -318,4 +326,5 @@ def resolve(req: TuneRequest) -> ResolvedTune:
         build_max_batch_size=max_batch_size if engine == "torch" else req.max_batch_size,
         build_max_seq_len=max_seq_len if engine == "torch" else req.max_seq_len,
         threads=threads,
+        gpu_sets=sets if engine == "trtllm" else None,
     )

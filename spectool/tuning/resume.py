@@ -9,6 +9,7 @@ from pathlib import Path
 
 from spectool.decide.cell import CellMeasurement
 from spectool.decide.paired import PairedCell
+from spectool.decide.verdict import Design
 from spectool.errors import ChildProcessError_
 from spectool.io import atomic_write_text
 from spectool.measure.runner import TrialResult
@@ -83,9 +84,11 @@ def finished_pairs(
     grid: Sequence[CellKey],
     options: Mapping[str, object],
     stops: Mapping[CellKey, int] | None = None,
+    design: Design = "interleaved",
 ) -> dict[CellKey, PairedCell]:
     """Paired cells of ``grid`` whose every block is in ``saved`` (up to where they stopped;
-    ``stops``: cells a joint cell ended early, and their pairs)."""
+    ``stops``: cells a joint cell ended early, and their pairs; ``design``: how they were
+    measured)."""
     out: dict[CellKey, PairedCell] = {}
     for c, k in grid:
         if k == 0:
@@ -106,6 +109,7 @@ def finished_pairs(
                 **plan.pass_options(c),  # type: ignore[arg-type]
                 **options,  # type: ignore[arg-type]
                 stop_after=(stops or {}).get((c, k)),
+                design=design,
             )
         except NotSaved:
             continue

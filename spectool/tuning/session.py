@@ -13,8 +13,10 @@ Order of work:
    that switches its draft length in place (the embedded engine), is measured in interleaved
    pairs of speculative and baseline blocks until its paired interval is settled
    (:mod:`~spectool.tuning.pairing`): every ratio compares measurements of the same minute. On
-   trtllm-serve (a restart per draft length) the baselines are measured again after the
-   speculative cells and bracket them (``measure_after``);
+   trtllm-serve (a restart per draft length) with one GPU set the baselines are measured again
+   after the speculative cells and bracket them (``measure_after``); with two GPU sets or more
+   (``--gpus``) the baseline server stays up beside the speculative one and each pair's blocks
+   are measured at the same moment (``concurrent``, :mod:`~spectool.tuning.side_by_side`);
 4. outputs (:mod:`~spectool.tuning.outputs`): ``decision.json`` and the build files
    (:mod:`~spectool.tuning.deploy`), ``tune.json`` (:mod:`~spectool.tuning.record`), ``report.md`` (:mod:`~spectool.tuning.report`)
    and the PNG figures (:mod:`~spectool.tuning.plots`).
@@ -35,6 +37,7 @@ from typing import Protocol
 
 from spectool.decide.cell import CellMeasurement, pooled
 from spectool.decide.paired import PairedCell
+from spectool.decide.search import initial_plan
 from spectool.decide.stats import cell_stats
 from spectool.decide.tune import tune
 from spectool.measure.client import StreamResult
@@ -60,6 +63,7 @@ from spectool.tuning.resume import (
     paired_options,
 )
 from spectool.tuning.setup import TRIALS_NAME, prepare_out_dir
+from spectool.tuning.side_by_side import measure_at_once, pair_blocks
 from spectool.tuning.trials import pooled_cell
 
 
@@ -165,7 +169,9 @@ def run_tune(
     saved = load_trials(trials_path) if failed else saved
     finished = finished_cells(saved, plan, grid)
     options = paired_options(resolved)
-    pairs_done = finished_pairs(saved, plan, grid, options, stops)
+    concurrent = resolved.gpu_sets is not None and resolved.gpu_sets.concurrent
+    design = "concurrent" if concurrent else "interleaved"
+    pairs_done = finished_pairs(saved, plan, grid, options, stops, design=design)
     if (finished or pairs_done) and progress is not None and not (dry or quiet_resume):
         progress.on_message(
             f"resuming: {len(finished) + len(pairs_done)} cells already measured in {trials_path}"
@@ -198,11 +204,23 @@ def run_tune(
     prior_step = None
     if not driver.interleaves or rival or use_prior:
         prior_step = _prior(resolved, prompts, out, None if dry else progress)
+    # the draft lengths the search plans first (spectool.decide.search.initial_plan), in order:
+    # with two GPU sets or more their servers start while the baselines are measured
+    first_ks = [k for _, k in initial_plan(concs, resolved.max_draft_len) if k > 0]
+    if prior_step is not None and resolved.max_draft_len > 1:
+        first_ks = [k for k in first_ks if k != 1]
+    prefetched: list[bool] = []  # once, at the first baseline
     measure_started = time.perf_counter()
     with driver if own_driver else nullcontext(driver):
 
         def run_trials(configs: list[TrialConfig], k: int, where: str) -> list[TrialResult]:
-            info = driver.serve(k)
+            if concurrent:  # the search's first draft lengths load while the baselines run
+                if not prefetched:
+                    driver.prefetch(first_ks)  # type: ignore[attr-defined]
+                    prefetched.append(True)
+                info = driver.serve_baseline()  # type: ignore[attr-defined]
+            else:
+                info = driver.serve(k)
             if progress is not None and info.ready_s > 0:
                 progress.on_server_ready(info)
             results = measure(
@@ -230,6 +248,21 @@ def run_tune(
             if progress is not None:
                 progress.on_cell_start(c, k, cells_started)
             where = f"cell (concurrency={c}, k={k})"
+            if k > 0 and concurrent:
+                paired_cell = measure_paired(
+                    c,
+                    k,
+                    pair_blocks(
+                        lambda spec, base: measure_pair(k, spec, base, where),
+                        lambda pair, arm: plan.block_config(c, k, pair, arm),
+                        saved,
+                        k,
+                    ),
+                    **plan.pass_options(c),  # type: ignore[arg-type]
+                    **options,  # type: ignore[arg-type]
+                    design="concurrent",
+                )
+                return keep_pairs((c, k), paired_cell)
             if k > 0 and driver.interleaves:
 
                 def block(pair: int, arm: int) -> TrialResult:
@@ -249,6 +282,28 @@ def run_tune(
             cell = pooled_cell(run_trials(plan.configs(c, k), k, where), k)
             cells[(c, k)] = cell
             return cell
+
+        def measure_pair(
+            k: int, spec: TrialConfig, base: TrialConfig, where: str
+        ) -> tuple[TrialResult, TrialResult]:
+            """Both blocks of a concurrent pair, started together on their two servers."""
+            base_info, spec_info = driver.serve_pair(k)  # type: ignore[attr-defined]
+            for info in (base_info, spec_info):
+                if progress is not None and info.ready_s > 0:
+                    progress.on_server_ready(info)
+            spec_trials, base_trials = measure_at_once(
+                [(spec_info, [spec]), (base_info, [base])],
+                prompts.prompts,
+                results_path=trials_path,
+                progress=hooks,
+                count_tokens=count_tokens,
+                metrics_interval_s=METRICS_INTERVAL_S,
+                finished=saved,
+            )
+            for trial in (*spec_trials, *base_trials):
+                saved[trial.config.key()] = trial
+            check_requests([*spec_trials, *base_trials], where)
+            return spec_trials[0], base_trials[0]
 
         def measure_after(c: int) -> CellMeasurement:
             config = plan.after_config(c)
@@ -271,12 +326,13 @@ def run_tune(
             min_gain=req.min_gain,
             semantics=schedule_semantics(resolved),
             looks=LOOKS,
-            measure_after=None if driver.interleaves else measure_after,
+            measure_after=None if driver.interleaves or concurrent else measure_after,
             rival=rival,
             prior_step=prior_step,
             objective=req.objective,
         )
         server_starts = driver.starts
+    servers = _servers_ledger(driver, concurrent)
     if dry:
         raise Ready(result)
     measure_s = time.perf_counter() - measure_started
@@ -298,10 +354,25 @@ def run_tune(
         stats=stats,
         trials_measured_now=hooks.trials_done,
         server_starts=server_starts,
+        servers=servers,
         started=started,
         measure_s=measure_s,
         progress=progress,
     )
+
+
+def _servers_ledger(driver: ServerDriver, concurrent: bool) -> dict[str, object] | None:
+    """The design, the GPU sets and the servers' wall time (a TensorRT-LLM driver; None else)."""
+    sets = getattr(driver, "sets", None)
+    if sets is None:
+        return None
+    from spectool.tuning.side_by_side import ledger
+
+    return {
+        "design": "concurrent" if concurrent else "bracketed",
+        **sets.to_json(),
+        **ledger(driver.servers, driver.demand, driver.wait_s, concurrent=concurrent),  # type: ignore[attr-defined]
+    }
 
 
 def _prior(

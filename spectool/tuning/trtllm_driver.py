@@ -7,7 +7,16 @@ the pair at ``max_draft_len = k`` with no runtime gate, and the server runs its
 folder (same limits, no ``speculative_config``). The command line comes from
 :func:`spectool.deploy.launch.trtllm_server_argv`, as ``spectool serve`` builds it, on a free
 port of 127.0.0.1. Each server is a child in its own process group
-(:mod:`spectool.deploy.supervise`), logging to ``DIR/logs/trtllm-k<k>.log``, stopped as a group before the next one starts.
+(:mod:`spectool.deploy.supervise`), logging to ``DIR/logs/trtllm-k<k>.log``.
+
+GPU sets (``--gpus``, :mod:`spectool.tuning.gpu_sets`): with one, one server runs at a time
+(:meth:`TrtllmDriver.serve`: the one running is stopped before the next starts). With two or
+more, the baseline holds set 0 for the whole run and the speculative servers the others
+(:meth:`TrtllmDriver.serve_pair`); :meth:`TrtllmDriver.prefetch` starts the servers the search
+will need next on free sets so that their loading overlaps the measuring. Every start is kept
+(:attr:`TrtllmDriver.servers`: set, load time, lifetime) with the draft lengths the cells asked
+for in order (:attr:`TrtllmDriver.demand`), from which :mod:`spectool.tuning.side_by_side`
+counts the wall time saved against restarting one server per configuration.
 
 Iteration stats: the rendered YAML turns on ``enable_iter_perf_stats``, so ``/metrics`` gives
 step times and ``specDecodingStats`` (acceptance length, not per position: ``tune`` then fits a
@@ -17,21 +26,73 @@ constant acceptance rate to it).
 from __future__ import annotations
 
 import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from spectool.deploy import supervise
+from spectool.deploy.supervise import HealthWait
 from spectool.tuning.driver import ServerInfo
+from spectool.tuning.gpu_sets import GpuSets
 from spectool.tuning.request import ResolvedTune
 
 HOST = "127.0.0.1"
+
+
+@dataclass
+class _Server:
+    """One server started: its draft length, GPU set, process and lifetime."""
+
+    k: int
+    index: int
+    proc: subprocess.Popen[Any]
+    url: str
+    name: str
+    log_path: Path
+    model: str
+    spawned_at: float = field(default_factory=time.time)
+    ready_s: float | None = None  # its load time, once tune has waited for it
+    stopped_at: float | None = None
+    health: HealthWait | None = None  # how its /health watch ended (see watch)
+    watcher: threading.Thread | None = None
+    stopping: threading.Event = field(default_factory=threading.Event)
+
+    def watch(self, timeout_s: float) -> None:
+        """Poll ``/health`` from the moment the server is spawned, in a thread of its own, so
+        its load time is its own even when nobody waits for it yet (a prefetched server)."""
+
+        def run() -> None:
+            self.health = supervise.poll_health(
+                self.url + "/health",
+                timeout_s=timeout_s,
+                exit_code=self.proc.poll,
+                stopped=self.stopping.is_set,
+            )
+
+        self.watcher = threading.Thread(target=run, name=f"health {self.name}", daemon=True)
+        self.watcher.start()
+
+    def info(self, ready_s: float) -> ServerInfo:
+        return ServerInfo(self.url, self.model, self.k, ready_s)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "k": self.k,
+            "gpu_set": self.index,
+            "started_at": round(self.spawned_at, 3),
+            "load_s": None if self.ready_s is None else round(self.ready_s, 3),
+            "stopped_at": None if self.stopped_at is None else round(self.stopped_at, 3),
+        }
 
 
 class TrtllmDriver:
     """TensorRT-LLM servers at any ``k``; see the module docstring."""
 
     engine = "trtllm"
-    interleaves = False  # a new draft length is a server restart (minutes): bracket instead
+    interleaves = False  # a new draft length is a server restart (minutes): bracket or pair
 
     def __init__(self, resolved: ResolvedTune, *, configs_dir: Path, log_dir: Path) -> None:
         from spectool.deploy.build import model_ref
@@ -42,10 +103,15 @@ class TrtllmDriver:
         self.log_dir = log_dir
         self.executable = find_trtllm_serve()  # EngineMissingError with the install hint
         self.model_name = model_ref(resolved.report.target)
-        self._proc: subprocess.Popen[Any] | None = None
-        self._current: ServerInfo | None = None
         self._plans: dict[int, Any] = {}
+        self.sets = resolved.gpu_sets or GpuSets("local", resolved.request.tp, ((),))
+        self._slots: list[_Server | None] = [None] * self.sets.count
+        self._used: dict[int, float] = {}
+        self._leftovers: list[str] = []
         self.starts = 0
+        self.servers: list[_Server] = []  # every server started, in order
+        self.demand: list[int] = []  # the k each cell asked for, in order (the ledger's input)
+        self.wait_s = 0.0  # seconds tune was blocked waiting for servers to load
         from spectool.trtllm.gates import gate_support
 
         # The gate table's row for what is measured: tune's servers run without a runtime gate;
@@ -81,14 +147,64 @@ class TrtllmDriver:
         return plan
 
     def serve(self, k: int) -> ServerInfo:
-        """A ``trtllm-serve`` running draft length ``k``; the running one is stopped first."""
+        """A ``trtllm-serve`` running draft length ``k`` on set 0; the one running there is
+        stopped first (one server at a time: the bracketed design)."""
+        self.demand.append(k)
+        current = self._slots[0]
+        if current is not None and current.k == k:
+            return current.info(0.0)
+        self._spawn(k, 0)
+        return self._ready([0])[0]
+
+    def serve_baseline(self) -> ServerInfo:
+        """The baseline server on set 0 (two sets or more: it stays up for the whole run)."""
+        return self.serve(0)
+
+    def serve_pair(self, k: int) -> tuple[ServerInfo, ServerInfo]:
+        """The baseline on set 0 and draft length ``k`` on another set, both up at once (two
+        sets or more); servers not yet running are started together and waited for together."""
+        assert self.sets.concurrent, "serve_pair needs two GPU sets or more"
+        self.demand.append(k)
+        if self._slots[0] is None or self._slots[0].k != 0:
+            self._spawn(0, 0)
+        index = self._slot_for(k)
+        if self._slots[index] is None or self._slots[index].k != k:  # type: ignore[union-attr]
+            self._spawn(k, index)
+        self._used[index] = time.monotonic()
+        base, spec = self._ready([0, index])
+        return base, spec
+
+    def prefetch(self, ks: Sequence[int]) -> None:
+        """Start servers for the draft lengths ``ks`` (in order of need) on free speculative
+        sets without waiting for them: their loading overlaps the measuring."""
+        if not self.sets.concurrent:
+            return
+        for k in dict.fromkeys(k for k in ks if k > 0):
+            if any(s is not None and s.k == k for s in self._slots[1:]):
+                continue
+            free = [i for i in range(1, self.sets.count) if self._slots[i] is None]
+            if not free:
+                return
+            self._spawn(k, free[0])
+
+    def _slot_for(self, k: int) -> int:
+        """The speculative set that runs ``k``, else an empty one, else the least recently
+        used."""
+        ids = range(1, self.sets.count)
+        for i in ids:
+            if self._slots[i] is not None and self._slots[i].k == k:  # type: ignore[union-attr]
+                return i
+        empty = [i for i in ids if self._slots[i] is None]
+        return empty[0] if empty else min(ids, key=lambda i: self._used.get(i, 0.0))
+
+    def _spawn(self, k: int, index: int) -> None:
+        """Start the server for ``k`` on set ``index`` (the one there is stopped first)."""
         from spectool.deploy.launch import trtllm_server_argv
         from spectool.deploy.manifest import CONFIG_FILES
         from spectool.deploy.supervise import free_port
+        from spectool.tuning.gpu_sets import server_command
 
-        if self._current is not None and self._current.k == k:
-            return ServerInfo(self._current.base_url, self.model_name, k, 0.0)
-        self._stop()
+        self._stop(index)
         plan = self._plan(k)
         manifest = plan.manifest
         assert manifest.trtllm is not None
@@ -106,33 +222,82 @@ class TrtllmDriver:
             port=port,
             executable=self.executable,
         )
+        argv, env = server_command(argv, self.sets, index)
         name = f"trtllm-serve (k={k})"
         log_path = self.log_dir / f"trtllm-k{k}.log"
-        self._proc = supervise.spawn(argv, name=name, log_path=log_path)
-        url = f"http://{HOST}:{port}"
-        try:
-            ready_s = supervise.wait_healthy(
-                url,
-                self._proc,
-                name=name,
-                log_path=log_path,
-                timeout_s=self.resolved.ready_timeout_s,
-            )
-        except BaseException:
-            self._stop()
-            raise
-        self.starts += 1
-        self._current = ServerInfo(url, self.model_name, k, ready_s)
-        return self._current
+        proc = supervise.spawn(argv, name=name, log_path=log_path, env=env)
+        server = _Server(k, index, proc, f"http://{HOST}:{port}", name, log_path, self.model_name)
+        server.watch(self.resolved.ready_timeout_s)
+        self._slots[index] = server
+        self.servers.append(server)
 
-    def _stop(self) -> None:
-        proc, self._proc, self._current = self._proc, None, None
-        if proc is not None:
-            supervise.stop(proc)
+    def _ready(self, indices: Sequence[int]) -> list[ServerInfo]:
+        """Wait until the servers on ``indices`` answer ``/health``; their infos (``ready_s``:
+        the server's own load time, from spawn to its first 200, when tune waits for it the
+        first time, else 0). A server that exits or is not ready in ``--ready-timeout`` is
+        :class:`~spectool.errors.ChildProcessError_` with its log's tail, as ``serve`` words it."""
+        waited = time.monotonic()
+        infos = []
+        try:
+            for i in indices:
+                server = self._slots[i]
+                assert server is not None
+                assert server.watcher is not None
+                if server.ready_s is not None:
+                    infos.append(server.info(0.0))
+                    continue
+                server.watcher.join()
+                health = server.health
+                assert health is not None
+                url = server.url + "/health"
+                if health.outcome == "exited":
+                    what = f"exited with code {health.exit_code} before {url} answered"
+                    raise supervise.log_failure(server.name, what, server.log_path)
+                if health.outcome != "ready":
+                    what = (
+                        f"not ready after {self.resolved.ready_timeout_s:.0f} s ({url}: "
+                        f"{health.last}); raise --ready-timeout if the model is still loading"
+                    )
+                    raise supervise.log_failure(server.name, what, server.log_path)
+                server.ready_s = health.waited_s
+                self.starts += 1
+                infos.append(server.info(server.ready_s))
+        except BaseException:
+            for i in indices:
+                self._stop(i)
+            raise
+        finally:
+            self.wait_s += time.monotonic() - waited
+        return infos
+
+    def _stop(self, index: int) -> None:
+        server, self._slots[index] = self._slots[index], None
+        if server is None:
+            return
+        server.stopping.set()
+        supervise.stop(server.proc)
+        if server.watcher is not None:
+            server.watcher.join()
+        server.stopped_at = time.time()
+        if self.sets.launcher == "slurm":
+            from spectool.tuning.gpu_sets import cancel_leftovers, job_name
+
+            left = cancel_leftovers(job_name(index))
+            if left:
+                self._leftovers += left
 
     def close(self) -> None:
-        """Stop the running server's process group."""
-        self._stop()
+        """Stop every server (their process groups; under Slurm, until squeue lists none), all
+        at once: each stop waits for its own server."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=self.sets.count) as pool:
+            list(pool.map(self._stop, range(self.sets.count)))
+        if self._leftovers:
+            from spectool.errors import ChildProcessError_
+
+            left, self._leftovers = self._leftovers, []
+            raise ChildProcessError_(f"Slurm still lists {', '.join(left)} after scancel")
 
     def __enter__(self) -> TrtllmDriver:
         return self

@@ -43,15 +43,31 @@ def install() -> None:
     )
 
 
+def _fake_gpus(root: Path, gpus: int) -> str:
+    """``gpus`` stand-in GPUs for Slurm's GRES plugin: ``gres.conf`` names plain files
+    ``dev/nvidia0..`` (the plugin takes the index from the name, so each job step gets
+    ``CUDA_VISIBLE_DEVICES`` as on a GPU node; with ``TaskPlugin=task/none`` nothing opens them).
+    The node's ``Gres=`` entry, "" for none."""
+    if not gpus:
+        return ""
+    for i in range(gpus):
+        (root / "dev" / f"nvidia{i}").symlink_to("/dev/null")
+    last = gpus - 1
+    files = f"{root / 'dev'}/nvidia[0-{last}]" if last else f"{root / 'dev'}/nvidia0"
+    (root / "gres.conf").write_text(f"Name=gpu File={files}\n", encoding="utf-8")
+    return f"Gres=gpu:{gpus} "
+
+
 class Cluster:
     """The running cluster; ``env`` points Slurm's client commands at it."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, gpus: int = 0) -> None:
         install()
         self.root = root
         host = socket.gethostname()
-        for sub in ("state", "spool"):
+        for sub in ("state", "spool", "dev"):
             (root / sub).mkdir(parents=True, exist_ok=True)
+        gres = _fake_gpus(root, gpus)
         conf = root / "slurm.conf"
         conf.write_text(
             "\n".join(
@@ -79,7 +95,8 @@ class Cluster:
                     "MinJobAge=2",
                     f"SlurmctldLogFile={root / 'slurmctld.log'}",
                     f"SlurmdLogFile={root / 'slurmd.log'}",
-                    f"NodeName={host} CPUs={os.cpu_count()} State=UNKNOWN",
+                    *(["GresTypes=gpu"] if gpus else []),
+                    f"NodeName={host} CPUs={os.cpu_count()} {gres}State=UNKNOWN",
                     f"PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP",
                     "",
                 ]

@@ -8,7 +8,12 @@ release it imitates (``1.0``, ``1.1``, ``1.2``, ``main``). Like the real command
 * binds an IPv4 socket before loading (``launch_server``: ``socket.AF_INET``), so ``::1`` fails
   with "Failed to bind socket";
 * answers ``/health`` only after the (simulated) load, ``TRTLLM_DOUBLE_LOAD_S`` seconds;
-* serves ``/metrics`` as a JSON list of iteration stats, drained on read (one per completion);
+* serves ``/metrics`` as a JSON list of iteration stats, drained on read: one per iteration of
+  its engine (:mod:`double_engine`) for streamed completions, one per plain completion;
+* streams completions (``stream: true``) token by token from that engine, the usage in every
+  chunk, and lists the model at ``/v1/models``;
+* logs ``double: started``/``ready``/``stopped`` lines with wall-clock times, the draft length,
+  ``CUDA_VISIBLE_DEVICES`` and the Slurm job and step it ran in (tests read lifetimes from them);
 * honours a runtime gate only where the release does (:mod:`spectool.trtllm.gates`):
   ``GET /double/draft_len?batch=N`` answers the draft length the engine would use at batch N.
 """
@@ -18,13 +23,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import sys
 import time
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 import yaml
+from double_engine import Engine
 
 from spectool.errors import ConfigError
 from spectool.trtllm.gates import gate_support
@@ -60,7 +67,19 @@ def draft_len(options: dict, release: str, batch: int) -> int:
     return depth
 
 
+def _log(event: str, **fields: object) -> None:
+    where = {
+        "pid": os.getpid(),
+        "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "-"),
+        "SLURM_JOB_ID": os.environ.get("SLURM_JOB_ID", "-"),
+        "SLURM_STEP_ID": os.environ.get("SLURM_STEP_ID", "-"),
+    }
+    text = " ".join(f"{k}={v}" for k, v in {**fields, **where}.items())
+    print(f"double: {event} t={time.time():.3f} {text}", flush=True)
+
+
 def main(argv: list[str]) -> int:
+    _log("started")
     release = os.environ["TRTLLM_DOUBLE_RELEASE"]
     info = release_info(release)
     parser = argparse.ArgumentParser(prog="trtllm-serve")
@@ -88,7 +107,14 @@ def main(argv: list[str]) -> int:
         print(f"RuntimeError: Failed to bind socket to {host}:{port}: {exc}", file=sys.stderr)
         return 1
     time.sleep(float(os.environ.get("TRTLLM_DOUBLE_LOAD_S", "0.2")))  # loading the model
-    stats: list[dict] = []
+    engine = Engine(lambda batch: draft_len(options, release, batch))
+
+    def stopped(_signum: int, _frame: object) -> None:
+        _log("stopped")
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, stopped)
+    signal.signal(signal.SIGINT, stopped)
 
     class Handler(BaseHTTPRequestHandler):
         def _send(self, code: int, body: object) -> None:
@@ -104,9 +130,9 @@ def main(argv: list[str]) -> int:
             if url.path == "/health":
                 self._send(200, {})
             elif url.path == "/metrics":
-                drained = list(stats)
-                stats.clear()
-                self._send(200, drained)
+                self._send(200, engine.drain())
+            elif url.path == "/v1/models":
+                self._send(200, {"object": "list", "data": [{"id": args.model}]})
             elif url.path == "/double/draft_len":
                 batch = int(parse_qs(url.query)["batch"][0])
                 self._send(200, {"draft_len": draft_len(options, release, batch)})
@@ -115,19 +141,48 @@ def main(argv: list[str]) -> int:
 
         def do_POST(self) -> None:  # noqa: N802
             length = int(self.headers.get("Content-Length", "0"))
-            self.rfile.read(length)
+            body = json.loads(self.rfile.read(length) or b"{}")
+            if body.get("stream"):
+                self._stream(body)
+                return
             k = draft_len(options, release, 1)
-            stats.append({"iterLatencyMS": 5.0, "numActiveRequests": 1, "draftLen": k})
+            with engine.lock:
+                engine.stats.append({"iterLatencyMS": 5.0, "numActiveRequests": 1, "draftLen": k})
             self._send(200, {"choices": [{"text": "ok"}], "usage": {"completion_tokens": 1}})
+
+        def _stream(self, body: dict) -> None:
+            prompt = body.get("prompt") or json.dumps(body.get("messages"), sort_keys=True)
+            chat = "messages" in body
+            request = engine.submit(str(prompt), int(body.get("max_tokens") or 16))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            usage = {"prompt_tokens": len(str(prompt).split()), "completion_tokens": 0}
+            while (n := request.out.get()) is not None:
+                usage["completion_tokens"] += n
+                text = "tok " * n
+                choice = (
+                    {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
+                )
+                self._event({"choices": [{**choice, "finish_reason": None}], "usage": usage})
+            self._event({"choices": [{"index": 0, "text": "", "finish_reason": "length"}],
+                         "usage": usage})  # fmt: skip
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+
+        def _event(self, obj: dict) -> None:
+            self.wfile.write(f"data: {json.dumps(obj)}\n\n".encode())
+            self.wfile.flush()
 
         def log_message(self, *_args: object) -> None:
             pass
 
-    server = HTTPServer((host, port), Handler, bind_and_activate=False)
+    server = ThreadingHTTPServer((host, port), Handler, bind_and_activate=False)
     server.socket.close()
     server.socket = sock
     sock.listen(16)
     print(f"Uvicorn running on http://{host}:{port}", flush=True)
+    _log("ready", draft_len=draft_len(options, release, 1), port=port)
     server.serve_forever()
     return 0
 
