@@ -144,9 +144,12 @@ def test_a_rate_level_and_capacity_end_to_end_resumed_and_served(
     """On the demo pair and its built-in prompts (where speculation pays at concurrency 1, so
     there is a deployment to measure): a rate level as a paired cell of real open-loop blocks.
     A trace level differs only by its blocks (tested above) and the send times the runner
-    replays (tests/measure/test_runner.py). The objective is tpot: at 8 tokens per request a
-    request's wall time is mostly prefill and HTTP, where goodput gains ~7% at concurrency 1 and
-    leaves nothing deployed one run in two (goodput end to end: tests/tune/test_goodput_tune.py)."""
+    replays (tests/measure/test_runner.py). The objective is steps (the engine's decode steps
+    per token): at 8 tokens per request a request's wall time is mostly prefill and HTTP, where
+    on a loaded machine tpot left nothing deployed, hence no rate level, in 2 runs of 3 (3 in 6
+    while another benchmark ran) and goodput one run in two; the levels' blocks and estimate are
+    the same for every objective, only the source read differs (tpot and goodput end to end:
+    tests/tune/test_goodput_tune.py and the tune tests)."""
     monkeypatch.setattr(rates, "BLOCK_SECONDS", 0.25)  # short blocks: a test, not a study
     monkeypatch.setattr(rates, "MIN_BLOCK_REQUESTS", 8)
     monkeypatch.setattr(capacity, "MAX_PROBES", 3)
@@ -178,6 +181,8 @@ def test_a_rate_level_and_capacity_end_to_end_resumed_and_served(
         "--capacity",
         "--slo",
         "tpot:40ms@p90",
+        "--objective",
+        "steps",
         "--json",
     ]
     first = _run_json(args)
@@ -208,7 +213,7 @@ def test_a_rate_level_and_capacity_end_to_end_resumed_and_served(
         lv["objective_ratio"] for lv in levels
     ]
     decision = parse_decision(json.loads((out / "decision.json").read_text()), "decision.json")
-    assert len(decision.rates) == 1 and decision.rates_objective == "tpot"
+    assert len(decision.rates) == 1 and decision.rates_objective == "steps"
     assert read_manifest(out).decision.rates  # the build in DIR was written again, with them
     plan = prepare_serve(out, expected_rate=8.0, port=8123)
     assert "16 req/s" in plan.gate.reason
