@@ -4,7 +4,8 @@ For a model of :class:`~spectool.predict.geometry.Geometry` at batch ``b`` with 
 sequence (``n = b t``) and context ``L`` tokens, on ``tp`` GPUs:
 
 * bytes = (dense weights + MoE layers x distinct experts touched by ``n`` tokens x expert
-  weights) / tp + b x L x KV bytes per token / tp
+  weights) / tp + b x L x KV bytes per token / tp (not split for a latent MLA cache: every TP
+  rank keeps the whole latent of its sequences, as :mod:`spectool.memory_ranks` counts it)
 * FLOPs = (2 x active params x n + 4 x layers x heads x head_dim x L x n) / tp
 * time = overhead_forward + layers x overhead_layer (+ multi-token extra when t > 1)
   + b x overhead_seq
@@ -239,7 +240,7 @@ def forward_cost(
     n = batch * tokens
     expert_params = geom.moe_layers * geom.distinct_experts(n) * geom.expert_params
     weight_bytes = (geom.dense_params + expert_params) * geom.weight_bytes_per_param / tp
-    kv_bytes = batch * context * geom.kv_bytes_per_token / tp
+    kv_bytes = batch * context * geom.kv_bytes_per_token / (1 if geom.kv_latent else tp)
     attn_flops = 4.0 * geom.num_layers * geom.num_attention_heads * geom.head_dim * context
     flops = (2.0 * geom.active_params + attn_flops) * n / tp
     memory_s = (weight_bytes + kv_bytes) / (hw.bandwidth * f.bw_fraction)
