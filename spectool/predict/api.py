@@ -24,6 +24,7 @@ from spectool.predict.model import Prediction, Setup
 
 if TYPE_CHECKING:
     from spectool.ckpt.inspect import Checkpoint
+    from spectool.parallel import ParallelLayout
     from spectool.profiles import GpuSpec
 
 
@@ -37,13 +38,15 @@ def setup_for(
     tp: int = 1,
     context: int = 1024,
     mtp_layer: Geometry | None = None,
+    layout: ParallelLayout | None = None,
 ) -> Setup:
     """A :class:`Setup` from checkpoints (headers only) or geometries, a GPU profile and an
     engine name (``trtllm``, ``vllm``, ``sglang``, ``torch-cpu``) or fitted factors.
 
     ``mtp``: the draft step is one forward of ``mtp_layer``; from a target checkpoint it is
     read from its headers (:func:`mtp_geometry_from_checkpoint`), else the target's geometry
-    cut to one layer stands in."""
+    cut to one layer stands in. ``layout``: a parallel layout (its ``tp`` replaces ``tp``);
+    None = ``tp`` GPUs of one node."""
     if isinstance(engine, str):
         if engine not in ENGINE_DEFAULTS:
             raise BadInputError(
@@ -67,9 +70,10 @@ def setup_for(
         hardware=hardware,
         factors=factors,
         drafter=geom(drafter),
-        tp=tp,
+        tp=layout.tp if layout is not None else tp,
         context=context,
         mtp_layer=mtp_layer,
+        layout=layout,
     )
 
 
@@ -117,6 +121,7 @@ def as_dict(prediction: Prediction) -> dict[str, Any]:
         "hardware": setup.hardware.name,
         "factors": setup.factors.source,
         "tp": setup.tp,
+        "layout": None if setup.layout is None else layout_json(setup.layout),
         "context": setup.context,
         "acceptance": None
         if acc is None
@@ -141,6 +146,25 @@ def as_dict(prediction: Prediction) -> dict[str, Any]:
                 ],
             }
             for row in prediction.rows
+        ],
+    }
+
+
+def layout_json(layout: ParallelLayout) -> dict[str, Any]:
+    """The layout as ``as_dict`` reports it, with the links its collectives use."""
+    from spectool.predict import parallel_cost as pc
+
+    return {
+        "tp": layout.tp,
+        "pp": layout.pp,
+        "ep": layout.ep,
+        "attention_dp": layout.attention_dp,
+        "nodes": layout.nodes,
+        "gpus_per_node": layout.gpus_per_node,
+        "tp_link": "inter-node" if pc.tp_spans_nodes(layout) else "NVLink",
+        "pp_link": [
+            "inter-node" if pc.boundary_spans_nodes(layout, s) else "NVLink"
+            for s in range(layout.pp - 1)
         ],
     }
 

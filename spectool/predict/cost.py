@@ -14,6 +14,9 @@ sequence (``n = b t``) and context ``L`` tokens, on ``tp`` GPUs:
   + with tp > 1: 2 x layers all-reduces of ``n x hidden x 2`` bytes at
   ``link_gbs x link_fraction`` plus ``allreduce_us`` each.
 
+Layouts beyond TP on one node (PP, attention DP, a TP group across nodes) are
+:mod:`spectool.predict.parallel_cost`'s, on top of this.
+
 :class:`Hardware` is what the device can do (peak figures, from a GPU profile or the CPU probe);
 :class:`EngineFactors` what an engine achieves of it (calibration).
 """
@@ -45,18 +48,25 @@ LINK_GBS: dict[str, float] = {
     "a10g": 32,
     "rtx-4090": 32,
 }
+# Per-GPU inter-node bandwidth per direction, GB/s: 400 Gb/s InfiniBand NDR (ConnectX-7), one
+# port per GPU on NVIDIA DGX H100 and DGX B200 (their datasheets: "8x ... ConnectX-7 ...
+# 400 Gb/s InfiniBand/Ethernet"); a site with a slower fabric gets a faster prediction.
+INTERNODE_GBS = 50.0
 
 
 @dataclass(frozen=True)
 class Hardware:
     """Peak figures of one device: memory bandwidth (bytes/s), dense FLOP/s per weight dtype
-    class (16-bit and 8-bit; ``fp8_flops`` None = no FP8 tensor cores), GPU-to-GPU bandwidth."""
+    class (16-bit and 8-bit; ``fp8_flops`` None = no FP8 tensor cores), GPU-to-GPU bandwidth
+    within a node and per GPU between nodes (``internode_bandwidth``, 400 Gb/s InfiniBand:
+    :data:`INTERNODE_GBS`)."""
 
     name: str
     bandwidth: float
     flops16: float
     fp8_flops: float | None = None
     link_bandwidth: float = 32e9
+    internode_bandwidth: float = INTERNODE_GBS * 1e9
 
     @classmethod
     def from_gpu(cls, gpu: GpuSpec, stem: str | None = None) -> Hardware:
