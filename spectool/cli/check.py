@@ -152,6 +152,8 @@ def render_pays(pays: dict) -> None:
     if "skipped" in pays:
         console.print(f"  not predicted: {pays['skipped']}")
         return
+    from spectool.cli.output import layout_words
+
     acc = pays["acceptance"]
     lay = pays.get("layout")
     where = f"tp={pays['tp']}" if lay is None else layout_words(lay)
@@ -172,36 +174,6 @@ def render_pays(pays: dict) -> None:
     )
     for line in pays["lines"]:
         console.print(f"  {line}", markup=False)
-    if lay is not None:  # a parallel layout: the step costs behind those figures
-        for line in step_lines(pays):
-            console.print(f"  {line}", markup=False)
-
-
-def layout_words(lay: dict) -> str:
-    """``TP 8 x PP 2, EP 1 on 2 x 8 GPUs; TP over NVLink, stages over inter-node``."""
-    words = (
-        f"TP {lay['tp']} x PP {lay['pp']}, EP {lay['ep']}"
-        f"{', attention DP' if lay['attention_dp'] else ''} on {lay['nodes']} x "
-        f"{lay['gpus_per_node']} GPUs; TP over {lay['tp_link']}"
-    )
-    if lay["pp_link"]:
-        words += f", stage sends over {'/'.join(sorted(set(lay['pp_link'])))}"
-    return words
-
-
-def step_lines(pays: dict) -> list[str]:
-    """Per concurrency: the predicted plain and speculative step (the best k, else the k that
-    needs the least acceptance)."""
-    lines = []
-    for row in pays["concurrency"]:
-        ks = row["ks"]
-        best = row["best_k"] or min(ks, key=lambda p: p["break_even_tokens_per_step"])["k"]
-        spec = next(p for p in ks if p["k"] == best)
-        lines.append(
-            f"c={row['concurrency']} step (predicted): plain {row['base_step_ms']:.2f} ms, "
-            f"speculative {spec['spec_step_ms']:.2f} ms at k={best}"
-        )
-    return lines
 
 
 def _models_table(report):  # noqa: ANN001, ANN202 - CheckReport -> rich Table

@@ -78,7 +78,8 @@ def setup_for(
 
 
 def describe(prediction: Prediction) -> list[str]:
-    """The prediction in sentences, one per concurrency, then the break-even concurrency."""
+    """The prediction in sentences, one per concurrency, then the break-even concurrency; with
+    a parallel layout, the predicted steps per concurrency (:func:`step_lines`)."""
     lines = []
     for row in prediction.rows:
         easiest = row.min_break_even
@@ -106,6 +107,21 @@ def describe(prediction: Prediction) -> list[str]:
             "speculation pays at every concurrency tried up to 4096"
             if be is None
             else f"no draft length pays from concurrency {be} on"
+        )
+    if prediction.setup.layout is not None:
+        lines += step_lines(prediction)
+    return lines
+
+
+def step_lines(prediction: Prediction) -> list[str]:
+    """Per concurrency, the predicted plain and speculative step (the best k, else the k that
+    needs the least acceptance): what a parallel layout's collectives and pipeline add up to."""
+    lines = []
+    for row in prediction.rows:
+        p = row.best or row.min_break_even
+        lines.append(
+            f"c={row.concurrency} step (predicted): plain {row.base_step_s * 1e3:.2f} ms, "
+            f"speculative {p.spec_step_s * 1e3:.2f} ms at k={p.k}"
         )
     return lines
 
