@@ -28,6 +28,7 @@ def will_it_pay(
     from spectool import predicted
     from spectool.predict import Hardware, describe, predict, setup_for
     from spectool.predict.model import METHODS as PREDICTED_METHODS
+    from spectool.predict.parallel_cost import PP_REFUSED_METHODS
 
     concurrency = req.concurrency or predicted.DEFAULT_CONCURRENCY
     if req.engine == "torch":
@@ -38,6 +39,13 @@ def will_it_pay(
         }
     if method not in PREDICTED_METHODS:
         return {"predicted": True, "skipped": f"no step-cost model for method {method}"}
+    layout = None if req.plain_tp else req.layout()  # None: tp GPUs of one node, as before
+    if layout is not None and layout.pp > 1 and method in PP_REFUSED_METHODS:
+        return {
+            "predicted": True,
+            "skipped": f"TensorRT-LLM's PP executor loop runs no separate drafter ({method}): "
+            "PyExecutor raises NotImplementedError (py_executor.py @ 0004396)",
+        }
     geom = predicted.pair_geometry(target, drafter, method, recipe, profile)
     flags = predicted.AcceptanceFlags(req.acceptance_length, req.acceptance_rate)
     acceptance = predicted.resolve_acceptance(flags, recipe, max_draft_len)
@@ -50,6 +58,7 @@ def will_it_pay(
         engine="trtllm",
         tp=req.tp,
         context=predicted.DEFAULT_CONTEXT,
+        layout=layout,
     )
     # with an acceptance figure, the best k among those the deployment may use (beyond the
     # figure's own draft length a single rate only extrapolates); without, break-even up to 8

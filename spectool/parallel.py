@@ -3,8 +3,8 @@
 Issue 25: ``check`` and ``build`` take ``--tp/--pp/--ep/--attention-dp/--nodes/--gpus-per-node``
 (:func:`layout_from_flags`), validate them against the target (:func:`validate_for_checkpoint`),
 estimate memory per rank (:mod:`spectool.memory_ranks`) and write the layout into TensorRT-LLM's
-YAML and launch files (:mod:`spectool.deploy.launch_files`). The step-cost model does not use it
-yet. The rules mirror TensorRT-LLM's
+YAML and launch files (:mod:`spectool.deploy.launch_files`); the step-cost model prices its
+collectives and pipeline (:mod:`spectool.predict.parallel_cost`). The rules mirror TensorRT-LLM's
 ``tensorrt_llm/mapping.py`` ``Mapping.__init__`` (NVIDIA/TensorRT-LLM at commit 05ebebb2c1d3):
 
 - ``world_size`` must equal ``tp_size * pp_size * cp_size`` (spectool has no CP: ``cp = 1``);

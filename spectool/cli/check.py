@@ -152,10 +152,15 @@ def render_pays(pays: dict) -> None:
     if "skipped" in pays:
         console.print(f"  not predicted: {pays['skipped']}")
         return
+    from spectool.cli.output import layout_words
+
     acc = pays["acceptance"]
+    lay = pays.get("layout")
+    where = f"tp={pays['tp']}" if lay is None else layout_words(lay)
     console.print(
-        f"  {pays['method']} on {pays['hardware']} (tp={pays['tp']}, context {pays['context']})"
-        f"; geometry: {pays['geometry']}"
+        f"  {pays['method']} on {pays['hardware']} ({where}, context {pays['context']})"
+        f"; geometry: {pays['geometry']}",
+        markup=False,
     )
     console.print(f"  calibration: {pays['factors']}")
     console.print(

@@ -58,3 +58,15 @@ def findings_table(
 def gib(n: int | float) -> str:
     """A byte count for people: GiB from 1 GiB up, else MiB."""
     return f"{n / 1024**3:.2f} GiB" if n >= 1024**3 else f"{n / 1024**2:.1f} MiB"
+
+
+def layout_words(lay: dict) -> str:
+    """``TP 8 x PP 2, EP 1 on 2 x 8 GPUs; TP over NVLink, stages over inter-node``."""
+    words = (
+        f"TP {lay['tp']} x PP {lay['pp']}, EP {lay['ep']}"
+        f"{', attention DP' if lay['attention_dp'] else ''} on {lay['nodes']} x "
+        f"{lay['gpus_per_node']} GPUs; TP over {lay['tp_link']}"
+    )
+    if lay["pp_link"]:
+        words += f", stage sends over {'/'.join(sorted(set(lay['pp_link'])))}"
+    return words

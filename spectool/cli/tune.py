@@ -26,11 +26,16 @@ from spectool.cli.help import command_class
 from spectool.cli.options import (
     AcceptanceLengthOpt,
     AcceptanceRateOpt,
+    AttentionDpOpt,
     DrafterArg,
+    EpOpt,
+    GpusPerNodeOpt,
     JsonOpt,
     MaxDraftLenOpt,
     MaxSeqOpt,
     MethodOpt,
+    NodesOpt,
+    PpOpt,
     ProfileOpt,
     TargetArg,
     TpOpt,
@@ -247,8 +252,13 @@ def tune(
     trtllm_backend: TrtllmBackendOpt = "pytorch",
     gpu: TuneGpuOpt = "auto",
     tp: TpOpt = 1,
-    gpus: GpusOpt = 1,
+    gpus: GpusOpt = None,
     launcher: LauncherOpt = "local",
+    pp: PpOpt = 1,
+    ep: EpOpt = 1,
+    attention_dp: AttentionDpOpt = False,
+    nodes: NodesOpt = 1,
+    gpus_per_node: GpusPerNodeOpt = None,
     ready_timeout: ReadyTimeoutOpt = None,
     confidence: ConfidenceOpt = 0.95,
     seed: SeedOpt = 0,
@@ -304,6 +314,11 @@ def tune(
         tp=tp,
         gpus=gpus,
         launcher=launcher,
+        pp=pp,
+        ep=ep,
+        attention_dp=attention_dp,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
         ready_timeout_s=ready_timeout,
         trust_remote_code=trust_remote_code,
         confidence=confidence,
@@ -323,6 +338,14 @@ def tune(
 
     check_pair_options(request)  # bad input (exit 2), the same rule as check and build
     acceptance = (acceptance_length, acceptance_rate, acceptance_from)
+    if not predict_only and not request.plain_tp:
+        from spectool.errors import BadInputError
+
+        raise BadInputError(
+            "--pp/--ep/--attention-dp/--nodes",
+            "a measured tune runs on --tp GPUs of one node; a parallel layout is predicted "
+            "only (--predict-only)",
+        )
     if predict_only:
         from spectool.cli.tune_predicted import predict_only
 

@@ -242,9 +242,10 @@ AcceptanceFromOpt = Annotated[
 ]
 
 GpusOpt = Annotated[
-    int,
+    int | None,
     typer.Option(
         "--gpus",
+        show_default="one server's GPUs",
         help="trtllm: GPUs tune may use, in sets of one server's GPUs (--tp). Two sets or more: "
         "the baseline server stays up beside the speculative one and each pair of blocks is "
         "measured at the same moment (concurrent design); one set: one server at a time, the "

@@ -45,9 +45,14 @@ def predict_only(
         return
     pred = decision["prediction"]
     choices = {int(c): k for c, k in decision["schedule"].items()}
+    where = pred["hardware"]
+    if pred.get("layout"):
+        from spectool.cli.output import layout_words
+
+        where += f"; {layout_words(pred['layout'])}"
     console.print(
         f"[bold yellow]{LABEL}[/]: {decision['method']} on {decision['engine']} "
-        f"({pred['hardware']}), nothing was measured"
+        f"({where}), nothing was measured"
     )
     console.print(f"acceptance: {pred['acceptance']}", markup=False)
     console.print(f"calibration: {pred['calibration']}", markup=False)

@@ -4,9 +4,10 @@ The model (details in :mod:`spectool.predict.cost` and :mod:`spectool.predict.mo
 forward of a model at batch ``b`` with ``t`` tokens per sequence costs a roofline of bytes moved
 (weights per GPU, KV read at the context, distinct MoE experts touched) against FLOPs, at the
 device's bandwidth and FLOP/s times achieved fractions, plus per-forward, per-layer and
-per-sequence overheads and, with TP, two all-reduces per layer. A speculative step is the
-method's drafting + a verify forward of ``k + 1`` tokens + coordination; per-user speed-up at
-concurrency ``c`` is ``t_base(c) / (t_spec(c, k) / AL(k))``.
+per-sequence overheads and, with TP, two all-reduces per layer; a parallel layout (PP, attention
+DP, nodes) adds its collectives and the pipeline (:mod:`spectool.predict.parallel_cost`). A
+speculative step is the method's drafting + a verify forward of ``k + 1`` tokens + coordination;
+per-user speed-up at concurrency ``c`` is ``t_base(c) / (t_spec(c, k) / AL(k))``.
 
 API for the CLI (each integration is a few lines)::
 

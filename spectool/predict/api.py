@@ -24,6 +24,7 @@ from spectool.predict.model import Prediction, Setup
 
 if TYPE_CHECKING:
     from spectool.ckpt.inspect import Checkpoint
+    from spectool.parallel import ParallelLayout
     from spectool.profiles import GpuSpec
 
 
@@ -37,13 +38,15 @@ def setup_for(
     tp: int = 1,
     context: int = 1024,
     mtp_layer: Geometry | None = None,
+    layout: ParallelLayout | None = None,
 ) -> Setup:
     """A :class:`Setup` from checkpoints (headers only) or geometries, a GPU profile and an
     engine name (``trtllm``, ``vllm``, ``sglang``, ``torch-cpu``) or fitted factors.
 
     ``mtp``: the draft step is one forward of ``mtp_layer``; from a target checkpoint it is
     read from its headers (:func:`mtp_geometry_from_checkpoint`), else the target's geometry
-    cut to one layer stands in."""
+    cut to one layer stands in. ``layout``: a parallel layout (its ``tp`` replaces ``tp``);
+    None = ``tp`` GPUs of one node."""
     if isinstance(engine, str):
         if engine not in ENGINE_DEFAULTS:
             raise BadInputError(
@@ -67,14 +70,16 @@ def setup_for(
         hardware=hardware,
         factors=factors,
         drafter=geom(drafter),
-        tp=tp,
+        tp=layout.tp if layout is not None else tp,
         context=context,
         mtp_layer=mtp_layer,
+        layout=layout,
     )
 
 
 def describe(prediction: Prediction) -> list[str]:
-    """The prediction in sentences, one per concurrency, then the break-even concurrency."""
+    """The prediction in sentences, one per concurrency, then the break-even concurrency; with
+    a parallel layout, the predicted steps per concurrency (:func:`step_lines`)."""
     lines = []
     for row in prediction.rows:
         easiest = row.min_break_even
@@ -103,6 +108,21 @@ def describe(prediction: Prediction) -> list[str]:
             if be is None
             else f"no draft length pays from concurrency {be} on"
         )
+    if prediction.setup.layout is not None:
+        lines += step_lines(prediction)
+    return lines
+
+
+def step_lines(prediction: Prediction) -> list[str]:
+    """Per concurrency, the predicted plain and speculative step (the best k, else the k that
+    needs the least acceptance): what a parallel layout's collectives and pipeline add up to."""
+    lines = []
+    for row in prediction.rows:
+        p = row.best or row.min_break_even
+        lines.append(
+            f"c={row.concurrency} step (predicted): plain {row.base_step_s * 1e3:.2f} ms, "
+            f"speculative {p.spec_step_s * 1e3:.2f} ms at k={p.k}"
+        )
     return lines
 
 
@@ -117,6 +137,7 @@ def as_dict(prediction: Prediction) -> dict[str, Any]:
         "hardware": setup.hardware.name,
         "factors": setup.factors.source,
         "tp": setup.tp,
+        "layout": None if setup.layout is None else layout_json(setup.layout),
         "context": setup.context,
         "acceptance": None
         if acc is None
@@ -141,6 +162,25 @@ def as_dict(prediction: Prediction) -> dict[str, Any]:
                 ],
             }
             for row in prediction.rows
+        ],
+    }
+
+
+def layout_json(layout: ParallelLayout) -> dict[str, Any]:
+    """The layout as ``as_dict`` reports it, with the links its collectives use."""
+    from spectool.predict import parallel_cost as pc
+
+    return {
+        "tp": layout.tp,
+        "pp": layout.pp,
+        "ep": layout.ep,
+        "attention_dp": layout.attention_dp,
+        "nodes": layout.nodes,
+        "gpus_per_node": layout.gpus_per_node,
+        "tp_link": "inter-node" if pc.tp_spans_nodes(layout) else "NVLink",
+        "pp_link": [
+            "inter-node" if pc.boundary_spans_nodes(layout, s) else "NVLink"
+            for s in range(layout.pp - 1)
         ],
     }
 

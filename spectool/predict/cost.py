@@ -4,7 +4,8 @@ For a model of :class:`~spectool.predict.geometry.Geometry` at batch ``b`` with 
 sequence (``n = b t``) and context ``L`` tokens, on ``tp`` GPUs:
 
 * bytes = (dense weights + MoE layers x distinct experts touched by ``n`` tokens x expert
-  weights) / tp + b x L x KV bytes per token / tp
+  weights) / tp + b x L x KV bytes per token / tp (not split for a latent MLA cache: every TP
+  rank keeps the whole latent of its sequences, as :mod:`spectool.memory_ranks` counts it)
 * FLOPs = (2 x active params x n + 4 x layers x heads x head_dim x L x n) / tp
 * time = overhead_forward + layers x overhead_layer (+ multi-token extra when t > 1)
   + b x overhead_seq
@@ -12,6 +13,9 @@ sequence (``n = b t``) and context ``L`` tokens, on ``tp`` GPUs:
   (the sum instead of the max when ``overlap`` is False: a CPU running one op at a time)
   + with tp > 1: 2 x layers all-reduces of ``n x hidden x 2`` bytes at
   ``link_gbs x link_fraction`` plus ``allreduce_us`` each.
+
+Layouts beyond TP on one node (PP, attention DP, a TP group across nodes) are
+:mod:`spectool.predict.parallel_cost`'s, on top of this.
 
 :class:`Hardware` is what the device can do (peak figures, from a GPU profile or the CPU probe);
 :class:`EngineFactors` what an engine achieves of it (calibration).
@@ -44,18 +48,25 @@ LINK_GBS: dict[str, float] = {
     "a10g": 32,
     "rtx-4090": 32,
 }
+# Per-GPU inter-node bandwidth per direction, GB/s: 400 Gb/s InfiniBand NDR (ConnectX-7), one
+# port per GPU on NVIDIA DGX H100 and DGX B200 (their datasheets: "8x ... ConnectX-7 ...
+# 400 Gb/s InfiniBand/Ethernet"); a site with a slower fabric gets a faster prediction.
+INTERNODE_GBS = 50.0
 
 
 @dataclass(frozen=True)
 class Hardware:
     """Peak figures of one device: memory bandwidth (bytes/s), dense FLOP/s per weight dtype
-    class (16-bit and 8-bit; ``fp8_flops`` None = no FP8 tensor cores), GPU-to-GPU bandwidth."""
+    class (16-bit and 8-bit; ``fp8_flops`` None = no FP8 tensor cores), GPU-to-GPU bandwidth
+    within a node and per GPU between nodes (``internode_bandwidth``, 400 Gb/s InfiniBand:
+    :data:`INTERNODE_GBS`)."""
 
     name: str
     bandwidth: float
     flops16: float
     fp8_flops: float | None = None
     link_bandwidth: float = 32e9
+    internode_bandwidth: float = INTERNODE_GBS * 1e9
 
     @classmethod
     def from_gpu(cls, gpu: GpuSpec, stem: str | None = None) -> Hardware:
@@ -239,7 +250,7 @@ def forward_cost(
     n = batch * tokens
     expert_params = geom.moe_layers * geom.distinct_experts(n) * geom.expert_params
     weight_bytes = (geom.dense_params + expert_params) * geom.weight_bytes_per_param / tp
-    kv_bytes = batch * context * geom.kv_bytes_per_token / tp
+    kv_bytes = batch * context * geom.kv_bytes_per_token / (1 if geom.kv_latent else tp)
     attn_flops = 4.0 * geom.num_layers * geom.num_attention_heads * geom.head_dim * context
     flops = (2.0 * geom.active_params + attn_flops) * n / tp
     memory_s = (weight_bytes + kv_bytes) / (hw.bandwidth * f.bw_fraction)

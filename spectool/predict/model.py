@@ -25,18 +25,26 @@ launches): ``k`` of them for a head, a draft model or MTP, one for Medusa, none 
 
 Without acceptance, :func:`break_even_length` answers the question backwards: the acceptance
 length at which speculation pays.
+
+With a :class:`~spectool.parallel.ParallelLayout` (``Setup.layout``) every forward is one rank's
+(:func:`spectool.predict.parallel_cost.rank_forward`: attention DP's MoE exchange, the TP link
+across nodes), and with PP a step is :func:`~spectool.predict.parallel_cost.pipelined` over the
+stages, the last carrying the iteration overhead, the drafting and the coordination (the LM
+head, the sampler and a one-model drafter live there); see :mod:`spectool.predict.parallel_cost`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from spectool import methods
 from spectool.decide.chain import constant_alpha_for
 from spectool.errors import BadInputError
+from spectool.parallel import ParallelLayout
+from spectool.predict import parallel_cost as pc
 from spectool.predict.acceptance import Acceptance
-from spectool.predict.cost import EngineFactors, Hardware, forward_cost
+from spectool.predict.cost import EngineFactors, Hardware, StepCost, forward_cost
 from spectool.predict.geometry import Geometry
 
 METHODS = methods.METHODS
@@ -53,6 +61,7 @@ class Setup:
     ``medusa``. ``context``: tokens of context per sequence during decode (prompt + half the
     output is a fair mean). ``drafter_hardware`` / ``drafter_factors``: the drafter's own
     figures where they differ (the CPU probe run at the drafter's shapes); None = the target's.
+    ``layout``: the parallel layout (None: ``tp`` GPUs of one node); its ``tp`` must be ``tp``.
     """
 
     target: Geometry
@@ -65,6 +74,7 @@ class Setup:
     mtp_layer: Geometry | None = None
     drafter_hardware: Hardware | None = None
     drafter_factors: EngineFactors | None = None
+    layout: ParallelLayout | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -73,13 +83,60 @@ class Setup:
             raise BadInputError("prediction", f"method {self.method} needs the drafter's geometry")
         if self.tp < 1 or self.context < 0:
             raise BadInputError("prediction", "tp must be >= 1 and context >= 0")
+        lay = self.layout
+        if lay is not None and lay.tp != self.tp:
+            raise BadInputError("prediction", f"tp {self.tp} differs from the layout's {lay.tp}")
+        if lay is not None and lay.pp > 1 and self.method in pc.PP_REFUSED_METHODS:
+            raise BadInputError(
+                "prediction", f"TensorRT-LLM runs no {self.method} drafter with PP {lay.pp}"
+            )
+
+    def forward(
+        self,
+        geom: Geometry,
+        hw: Hardware,
+        f: EngineFactors,
+        batch: float,
+        tokens: float,
+        ctx: float,
+    ) -> StepCost:
+        """One forward of ``geom`` on one rank (of the layout's TP group; no pipeline)."""
+        if self.layout is None:
+            return forward_cost(geom, hw, f, batch, tokens, ctx, self.tp)
+        return pc.rank_forward(geom, hw, f, batch, tokens, ctx, self.layout)
+
+    def _stepped(self, batch: float, tokens: float, last: Callable[[float], float]) -> float:
+        """A step with a layout: the target's stages at ``tokens`` per sequence, ``last(b)``
+        added to the last stage (``b`` sequences per micro-batch), pipelined."""
+        assert self.layout is not None
+        in_flight, b = pc.micro_batches(self.layout, batch)
+        stages = pc.stage_seconds(
+            self.target, self.hardware, self.factors, b, tokens, self.context, self.layout
+        )
+        stages[-1] += last(b)
+        return pc.pipelined(stages, in_flight)
 
     def base_step(self, batch: float) -> float:
         """Seconds of one plain decode step: the iteration overhead + one target forward."""
+        if self.layout is not None:
+            return self._stepped(batch, 1, lambda b: self.factors.step_overhead_s)
         return self.factors.step_overhead_s + self.target_step(batch, 1)
 
     def target_step(self, batch: float, tokens: float) -> float:
-        """Seconds of one target forward of ``batch x tokens`` tokens (no iteration overhead)."""
+        """Seconds of one target forward of ``batch x tokens`` tokens (no iteration overhead;
+        with PP every stage in turn, nothing overlapped)."""
+        if self.layout is not None:
+            return sum(
+                pc.stage_seconds(
+                    self.target,
+                    self.hardware,
+                    self.factors,
+                    batch,
+                    tokens,
+                    self.context,
+                    self.layout,
+                )
+            )
         return forward_cost(
             self.target, self.hardware, self.factors, batch, tokens, self.context, self.tp
         ).seconds
@@ -94,26 +151,26 @@ class Setup:
         """
         if k == 0 or self.method == "ngram":
             return 0.0
-        hw, f, ctx, tp = self.hardware, self.factors, self.context, self.tp
+        hw, f, ctx, fwd = self.hardware, self.factors, self.context, self.forward
         per_step = f.draft_step_overhead_s  # sampling and launches of one draft step
         if self.method == "mtp":
             layer = self.mtp_layer or self.target.with_layers(1, name="mtp layer")
-            return k * (forward_cost(layer, hw, f, batch, 1, ctx, tp).seconds + per_step)
+            return k * (fwd(layer, hw, f, batch, 1, ctx).seconds + per_step)
         if self.method == "medusa":
             heads = self.target.with_layers(1)
-            step = forward_cost(heads, hw, f, batch, 1, 0, tp)
+            step = fwd(heads, hw, f, batch, 1, 0)
             return step.seconds + (k - 1) * step.memory_s + per_step
         assert self.drafter is not None
         # a probe can measure the drafter at its own shapes (small matmuls run slower per FLOP)
         hw = self.drafter_hardware or hw
         f = self.drafter_factors or f
-        one = forward_cost(self.drafter, hw, f, batch, 1, ctx, tp).seconds
+        one = fwd(self.drafter, hw, f, batch, 1, ctx).seconds
         if self.method == "draft_model":
             q = 1.0 - (1.0 - p_all) ** batch
-            two = forward_cost(self.drafter, hw, f, batch, 2, ctx, tp).seconds
+            two = fwd(self.drafter, hw, f, batch, 2, ctx).seconds
             first = q * two + (1.0 - q) * one
         else:  # EAGLE heads re-read the hidden states of every token confirmed last step
-            first = forward_cost(self.drafter, hw, f, batch, max(1.0, tokens), ctx, tp).seconds
+            first = fwd(self.drafter, hw, f, batch, max(1.0, tokens), ctx).seconds
         return first + (k - 1) * one + k * per_step
 
     def coord_time(self, batch: float) -> float:
@@ -123,6 +180,12 @@ class Setup:
 
     def spec_step(self, batch: float, k: int, tokens: float, p_all: float) -> float:
         """Seconds of one speculative step: draft + verify ``k + 1`` tokens + coordination."""
+        if self.layout is not None:
+            return self._stepped(
+                batch,
+                k + 1,
+                lambda b: self.draft_time(b, k, tokens, p_all) + self.coord_time(b),
+            )
         return (
             self.draft_time(batch, k, tokens, p_all)
             + self.target_step(batch, k + 1)

@@ -88,7 +88,7 @@ class GpuSets:
 
 
 def plan_gpu_sets(
-    gpus: int,
+    gpus: int | None,
     launcher: str,
     *,
     engine: str,
@@ -99,6 +99,7 @@ def plan_gpu_sets(
     for a count that does not divide into sets, a launcher that is missing, or the embedded
     engine (it switches ``k`` in place on one server: its cells are already paired)."""
     env = os.environ if environ is None else environ
+    gpus = per_server if gpus is None else gpus  # not given: one set, one server's GPUs
     if launcher not in LAUNCHERS:
         raise BadInputError(
             "--launcher", f"expected one of {', '.join(LAUNCHERS)}, got {launcher!r}"

@@ -100,6 +100,7 @@ def resolved_setup(
         engine=factors,
         tp=resolved.request.tp,
         context=context,
+        layout=None if resolved.request.plain_tp else resolved.request.layout(),
     )
     return setup, geom, hardware, calibrated
 
@@ -160,6 +161,7 @@ def predict_decision(
     from spectool import predicted, profiles
     from spectool.decide.model import gate_from_choices, schedule_from_choices
     from spectool.predict import describe, predict
+    from spectool.predict.api import layout_json
     from spectool.tuning.plan import schedule_semantics
 
     report = resolved.report
@@ -199,6 +201,7 @@ def predict_decision(
             "calibration": calibrated,
             "geometry": geom.source,
             "hardware": hardware.name,
+            "layout": None if setup.layout is None else layout_json(setup.layout),
             "context": predicted.DEFAULT_CONTEXT,
             "lines": describe(pred),
         },

@@ -96,7 +96,7 @@ class TuneRequest(PairOptions):
     capacity: bool = False
     slo: tuple[SloTerm, ...] = ()
     # servers side by side (spectool.tuning.gpu_sets): GPUs tune may use, and how servers start
-    gpus: int = 1
+    gpus: int | None = None  # None: one set, the layout's own GPUs
     launcher: str = "local"
 
 
@@ -284,6 +284,12 @@ def resolve(req: TuneRequest) -> ResolvedTune:
         raise IncompatibleError(f"spectool check found errors, nothing measured: {problems}")
     if report.method == "none":
         raise BadInputError("--method", "tune compares speculation with none; pick a method")
+    if report.target is None:  # offline without headers: check predicts, tune builds on them
+        raise BadInputError(
+            report.profile or req.target or "target",
+            "tune needs the checkpoints' headers (pass local folders or run once online); "
+            "spectool check --gpu predicts from the profile's geometry offline",
+        )
     target_dir = drafter_dir = None
     model_limit = report.target.max_position_embeddings or TORCH_DEFAULT_MAX_SEQ_LEN
     if engine == "torch":

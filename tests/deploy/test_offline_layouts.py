@@ -155,3 +155,22 @@ def test_a_multi_node_build_writes_a_leader_worker_set(offline, tmp_path, capsys
     assert not (tmp_path / "single" / "lws.yaml").exists()
     assert main(["build", *DSV3_PROFILE, "--out", str(tmp_path / "single")]) == 0
     assert not (tmp_path / "single" / "lws.yaml").exists()  # one node: no group to schedule
+
+
+def test_offline_check_predicts_each_layouts_step_cost(offline, capsys, tmp_path) -> None:
+    ds = _check(capsys, *DSV3_PROFILE, "--acceptance-length", "2.5")["will_it_pay"]
+    assert ds["layout"]["attention_dp"] and ds["layout"]["tp_link"] == "NVLink"
+    rows = {r["concurrency"]: r for r in ds["concurrency"]}
+    assert rows[1]["base_step_ms"] == rows[8]["base_step_ms"]  # a (dummy) request per rank
+    assert rows[64]["base_step_ms"] > rows[8]["base_step_ms"]
+    assert all(r["best_k"] and r["ks"][r["best_k"] - 1]["speedup"] > 1 for r in rows.values())
+    big = _check(capsys, *L405_PROFILE)["will_it_pay"]
+    assert big["layout"]["pp"] == 2 and big["layout"]["pp_link"] == ["inter-node"]
+    main(["check", *L405_PROFILE])
+    out = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
+    assert "TP 8 x PP 2, EP 1 on 2 x 8 GPUs; TP over NVLink, stage sends over inter-node" in out
+    step = f"c=1 step (predicted): plain {big['concurrency'][0]['base_step_ms']:.2f} ms"
+    assert step in out
+    argv = ["tune", *L405_PROFILE, "--engine", "trtllm", "--predict-only"]
+    assert main([*argv, "--acceptance-length", "2.4", "--out", str(tmp_path / "t")]) == 2
+    assert "tune needs the checkpoints' headers" in capsys.readouterr().err

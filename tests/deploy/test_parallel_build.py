@@ -290,3 +290,18 @@ def test_layouts_are_built_for_the_pytorch_backend_only(make_ckpt, tmp_path, cap
     argv = ["build", str(make_ckpt(DSV3)), "self", "--method", "mtp", "--gpu", "h200"]
     assert main([*argv, *DSV3_LAYOUT, *engine, "--out", str(tmp_path / "b")]) == 2
     assert "PyTorch backend" in capsys.readouterr().err and not (tmp_path / "b").exists()
+
+
+def test_tune_predicts_a_layout_and_measures_none(make_ckpt, tmp_path, capsys) -> None:
+    pair = [str(make_ckpt(LLAMA8B)), str(make_ckpt("yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"))]
+    argv = ["tune", *pair, "--method", "eagle3", "--max-draft-len", "3", "--engine", "trtllm"]
+    argv += ["--gpu", "h100-sxm", "--out", str(tmp_path / "t")]
+    layout = ["--tp", "4", "--pp", "2", "--nodes", "2"]
+    predicted = ["--predict-only", "--acceptance-length", "2.5", "--json"]
+    assert main([*argv, *layout, *predicted]) == 0
+    decision = json.loads(capsys.readouterr().out)
+    assert decision["prediction"]["layout"]["pp_link"] == ["inter-node"]
+    steps = [line for line in decision["prediction"]["lines"] if "step (predicted)" in line]
+    assert len(steps) == len(decision["schedule"]) and decision["files"]
+    assert main([*argv, *layout]) == 2  # a measured tune: --tp GPUs of one node
+    assert "--pp/--ep/--attention-dp/--nodes" in capsys.readouterr().err

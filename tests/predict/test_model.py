@@ -223,3 +223,13 @@ def test_predict_is_fast(eagle_setup: Setup) -> None:
     predict(eagle_setup, acc, concurrencies=(1, 8, 64), ks=range(1, 9))
     # done-when 4: well under 100 ms of pure Python (generous here: CI machines are shared)
     assert time.perf_counter() - t0 < 0.1
+
+
+def test_a_latent_kv_cache_is_read_whole_on_every_tp_rank(h100: Hardware) -> None:
+    mla = geometry_from_mapping({**LLAMA_8B, "kv_bytes_per_token": 35136, "kv_latent": True}, "m")
+    gqa = geometry_from_mapping(LLAMA_8B, "g")
+    f = ENGINE_DEFAULTS["trtllm"]
+    assert forward_cost(mla, h100, f, 4, 1, 1024, 8).kv_bytes == 4 * 1024 * 35136
+    assert forward_cost(gqa, h100, f, 4, 1, 1024, 8).kv_bytes == pytest.approx(
+        forward_cost(gqa, h100, f, 4, 1, 1024, 1).kv_bytes / 8
+    )

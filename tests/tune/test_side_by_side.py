@@ -32,6 +32,10 @@ def test_gpu_sets_split_the_visible_devices_in_order() -> None:
     one = plan_gpu_sets(1, "local", engine="trtllm", per_server=1, environ=env)
     assert not one.concurrent
     assert server_command(["x"], one, 0, environ=env)[1]["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
+    # --gpus not given: one set of the layout's own GPUs, whatever --tp is (a --tp 2 tune
+    # without --gpus is one server at a time, not "1 GPU does not divide into sets of 2")
+    default = plan_gpu_sets(None, "local", engine="trtllm", per_server=2, environ={})
+    assert default.devices == (("0", "1"),) and not default.concurrent
 
 
 def test_slurm_servers_are_job_steps_with_their_own_gres(tmp_path: Path, monkeypatch) -> None:
