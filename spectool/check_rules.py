@@ -110,6 +110,20 @@ def trtllm_rules(
                     "Use a TensorRT-LLM release whose LLM API has these options.",
                 )
             )
+    from spectool.predict.parallel_cost import PP_REFUSED_METHODS
+
+    if req.layout().pp > 1 and method in PP_REFUSED_METHODS:
+        # PyExecutor.__init__ raises NotImplementedError("Drafting is not supported for selected
+        # executor loop") when a separate drafter meets _executor_loop_pp, in every release spectool
+        # knows (tensorrt_llm/_torch/pyexecutor/py_executor.py, 0.21 to main @ 0004396720054f)
+        findings.append(
+            error(
+                "DRAFTER_WITH_PIPELINE_PARALLEL",
+                f"{method} drafts with a separate drafter, which TensorRT-LLM's pipeline-parallel "
+                f"executor loop refuses (PP {req.layout().pp}): trtllm-serve would fail at start",
+                "Use --pp 1 (more TP instead), or a one-model method: EAGLE-3 or MTP.",
+            )
+        )
     info_json = {
         "version": version,
         "installed": installed,

@@ -174,3 +174,20 @@ def test_offline_check_predicts_each_layouts_step_cost(offline, capsys, tmp_path
     argv = ["tune", *L405_PROFILE, "--engine", "trtllm", "--predict-only"]
     assert main([*argv, "--acceptance-length", "2.4", "--out", str(tmp_path / "t")]) == 2
     assert "tune needs the checkpoints' headers" in capsys.readouterr().err
+
+
+def test_a_separate_drafter_with_pipeline_parallelism_is_an_error(offline, capsys) -> None:
+    """TensorRT-LLM's pipeline-parallel executor loop refuses a separate drafter (every release):
+    check says so for a draft model and for n-gram at PP 2; EAGLE-3 (one model) at PP 2 has no
+    such finding."""
+    for argv in (
+        ["spectool:demo-target", "spectool:demo-drafter", "--engine", "trtllm"],
+        ["qwen3-8b-ngram", "--tp", "2"],
+    ):
+        report = _check(capsys, *argv, "--gpu", "h100-sxm", "--pp", "2")
+        codes = {f["code"] for f in report["findings"] if f["severity"] == "error"}
+        assert "DRAFTER_WITH_PIPELINE_PARALLEL" in codes
+    plain = _check(capsys, "qwen3-8b-ngram", "--tp", "2", "--gpu", "h100-sxm")
+    assert "DRAFTER_WITH_PIPELINE_PARALLEL" not in {f["code"] for f in plain["findings"]}
+    eagle = _check(capsys, *L405_PROFILE)
+    assert "DRAFTER_WITH_PIPELINE_PARALLEL" not in {f["code"] for f in eagle["findings"]}
