@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("sources", nargs="+", type=Path, help="sweep folders, or one grids file")
     parser.add_argument("--n-boot", type=int, default=300)
     parser.add_argument("--save", type=Path, default=None, help="write the grids file here")
+    parser.add_argument("--objective", default="tpot", help="what the searches decide on")
     args = parser.parse_args(argv)
     sets = []  # (rounds, sources, order): each workload replayed on its own rounds
     if len(args.sources) == 1 and args.sources[0].is_file():
@@ -99,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {args.save}")
     shares = []
     for rounds, names, order in sets:
-        for replay in replay_methods(rounds, names, order, n_boot=args.n_boot):
+        for replay in replay_methods(
+            rounds, names, order, n_boot=args.n_boot, objective=args.objective
+        ):
             shares.append(replay.worst_share)
             cells = ", ".join(
                 f"c={row['concurrency']}: {row['chosen']} {row['share_of_best']:.0%} "

@@ -28,6 +28,7 @@ from spectool.decide.cell import pooled
 from spectool.decide.methods import choose_method, rival_ratios
 from spectool.decide.replay import QUALITY, VERDICT_MARGIN, Grid, grid_shape, per_user_tokens_per_s
 from spectool.decide.tune import tune
+from spectool.decide.verdict import DEFAULT_OBJECTIVE
 from spectool.errors import BadInputError
 from spectool.methods import serving_cost_rank
 
@@ -88,8 +89,10 @@ def replay_methods(
     *,
     n_boot: int = 300,
     confidence: float = 0.95,
+    objective: str = DEFAULT_OBJECTIVE,
 ) -> list[MethodReplay]:
-    """Replay the comparison of ``order``'s methods once per round (module docstring)."""
+    """Replay the comparison of ``order``'s methods once per round (module docstring), each
+    search deciding on ``objective`` (tune's default: users' time per output token)."""
     if len(rounds) < 2 or len(sources) != len(rounds):
         raise BadInputError("method grids", "need two or more rounds, one source name each")
     if not order or any(m not in r for r in rounds for m in order):
@@ -115,6 +118,7 @@ def replay_methods(
                 n_boot=n_boot,
                 confidence=confidence,
                 rival=rival_ratios(results) if results else None,
+                objective=objective,
             )
             results.append(result)
             measured += sum(1 for _, k in result.measured_now if k > 0)

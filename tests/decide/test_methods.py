@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from spectool.decide.duel import DuelEstimate
 from spectool.decide.methods import choose_method, method_cells, rival_ratios
 from spectool.decide.search import initial_plan
 from spectool.decide.tune import tune
@@ -61,9 +62,12 @@ def test_the_stronger_method_wins_where_it_pays_and_is_deployed() -> None:
 
 def test_equal_methods_tie_and_the_cheaper_one_is_deployed_every_time() -> None:
     # The same drafter quality measured twice with different noise: not distinguishable, so the
-    # first in the caller's order (the cheaper to serve) wins whichever measured faster.
-    a, _ = _run(STRONG, "eagle3")
-    b, _ = _run(replace(STRONG, seed=11), "draft_model")
+    # first in the caller's order (the cheaper to serve) wins whichever measured faster. Proving
+    # equivalence within 5% at every concurrency where they speculate needs cells of about +-2%
+    # (1200 steps); at 300 steps concurrency 1's +-4% intervals leave the tie unproven.
+    precise = replace(STRONG, steps=1200)
+    a, _ = _run(precise, "eagle3")
+    b, _ = _run(replace(precise, seed=11), "draft_model")
     for order in ([a, b], [b, a]):
         choice = choose_method(order)
         assert set(choice.tied) == {"eagle3", "draft_model"}
@@ -171,3 +175,25 @@ def test_wide_intervals_do_not_prove_a_tie_the_better_estimate_is_deployed_as_un
     )
     assert worse.chosen == "draft_model" and worse.certain
     assert {s.method: s.standing for s in worse.scores}["ngram"] == "worse"
+
+
+def test_a_tie_must_hold_where_they_speculate_not_only_on_the_diluted_mean() -> None:
+    """Speculation pays at concurrency 1 only; the draft model is 5.6% ahead there, measured
+    head to head with a 4% standard error (the code workload's run, 2026-12-04). On the score
+    over 1, 4 and 16 (both off at 4 and 16) that is 1.8%, "within 5%"; at concurrency 1 it is
+    not proven: the tie is uncertain and the better estimate is deployed, not the cheaper."""
+    base = tune((1, 4, 16), 4, STRONG.measure, n_boot=100, method="draft_model")
+    results = []
+    for method, k, ratio, low, high in (
+        ("eagle3", 2, 0.808, 0.712, 0.916),  # first: the cheaper to serve
+        ("draft_model", 4, 0.720, 0.612, 0.847),
+    ):
+        one = next(v for v in base.cells if v.concurrency == 1)
+        cells = (replace(one, k=k, ratio=ratio, ci_low=low, ci_high=high),)
+        results.append(replace(base, method=method, cells=cells, choices={1: k, 4: 0, 16: 0}))
+    head = DuelEstimate(1, ("draft_model", "eagle3"), (4, 2), 0.947, 0.0395, (0.0,) * 24)
+    diluted = choose_method(results, duel=[head], tie_margin=0.05)
+    assert diluted.chosen == "draft_model" and not diluted.certain
+    assert diluted.uncertain == ("eagle3",)
+    scores = {s.method: s for s in diluted.scores}
+    assert 0.95 < scores["eagle3"].vs_best_low and scores["eagle3"].vs_best_high < 1.05
