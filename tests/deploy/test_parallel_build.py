@@ -3,7 +3,8 @@
 Two deployments: DeepSeek-V3 MTP at TP 8 / EP 8 / attention DP on one 8-GPU node (the fixture
 checkpoint), and a Llama-3.1-405B-shaped target at TP 8 x PP 2 on two 8-GPU nodes (written here
 from its published config: 126 layers, hidden 16384, 128 heads, 8 KV heads, head_dim 128,
-intermediate 53248, vocab 128256) with Llama-3.1-8B-Instruct as a draft model.
+intermediate 53248, vocab 128256) with an EAGLE-3 head of its width (a draft model there is
+refused: TensorRT-LLM's pipeline-parallel executor loop runs no separate drafter).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from spectool.trtllm.validate import validate_options
 
 DSV3 = "deepseek-ai/DeepSeek-V3"
 LLAMA8B = "meta-llama/Llama-3.1-8B-Instruct"
+EAGLE3_8B = "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
 DSV3_LAYOUT = ["--tp", "8", "--ep", "8", "--attention-dp"]
 L405_LAYOUT = ["--tp", "8", "--pp", "2", "--nodes", "2", "--gpus-per-node", "8"]
 # one --trtllm-version per generation spectool knows
@@ -74,6 +76,44 @@ def _llama_405b(root: Path) -> Path:
         chunk = names[j * per : (j + 1) * per]
         write_safetensors(folder / f"model-{j:05d}.safetensors", {n: tensors[n] for n in chunk})
     write_tokenizer(folder, "llama3", 128256)
+    return folder
+
+
+def _eagle3_405b(root: Path) -> Path:
+    """A sparse EAGLE-3 head for the 405B target (the EAGLE3-LLaMA3.1-Instruct-8B layout at
+    hidden 16384): TensorRT-LLM runs EAGLE-3 as one model under PP, a draft model it refuses."""
+    folder = root / "EAGLE3-Llama-3.1-405B"
+    if folder.exists():
+        return folder
+    folder.mkdir()
+    s = L405_SIZES
+    config = json.loads((fixture_dir(EAGLE3_8B) / "config.json").read_text())
+    config.update(
+        hidden_size=s["hidden"],
+        intermediate_size=s["inter"],
+        num_attention_heads=s["heads"],
+        num_key_value_heads=s["kv"],
+    )
+    (folder / "config.json").write_text(json.dumps(config))
+    h, kv, inter = s["hidden"], s["kv"] * 128, s["inter"]
+    tensors = {
+        "midlayer.self_attn.q_proj.weight": ("BF16", [h, 2 * h]),
+        "midlayer.self_attn.k_proj.weight": ("BF16", [kv, 2 * h]),
+        "midlayer.self_attn.v_proj.weight": ("BF16", [kv, 2 * h]),
+        "midlayer.self_attn.o_proj.weight": ("BF16", [h, h]),
+        "midlayer.mlp.gate_proj.weight": ("BF16", [inter, h]),
+        "midlayer.mlp.up_proj.weight": ("BF16", [inter, h]),
+        "midlayer.mlp.down_proj.weight": ("BF16", [h, inter]),
+        "midlayer.hidden_norm.weight": ("BF16", [h]),
+        "midlayer.input_layernorm.weight": ("BF16", [h]),
+        "midlayer.post_attention_layernorm.weight": ("BF16", [h]),
+        "fc.weight": ("BF16", [h, 3 * h]),
+        "norm.weight": ("BF16", [h]),
+        "lm_head.weight": ("BF16", [config["draft_vocab_size"], h]),
+        "d2t": ("I64", [config["draft_vocab_size"]]),
+        "t2d": ("BOOL", [s["vocab"]]),
+    }
+    write_safetensors(folder / "model.safetensors", tensors)
     return folder
 
 
@@ -138,10 +178,15 @@ def test_deepseek_layout_build_for_every_release(make_ckpt, tmp_path, capsys, re
 
 def test_llama_405b_tp8_pp2_two_nodes(make_ckpt, tmp_path, capsys) -> None:
     target = str(_llama_405b(tmp_path))
-    drafter = str(make_ckpt(LLAMA8B))
-    pair = [target, drafter, "--method", "draft_model", "--gpu", "h200", *L405_LAYOUT]
+    drafter = str(_eagle3_405b(tmp_path))
+    pair = [target, drafter, "--method", "eagle3", "--gpu", "h200", *L405_LAYOUT]
     code, report = _run(capsys, "check", *pair, "--json")
     assert code == 0, report["findings"]
+    # a draft model on the same layout: TensorRT-LLM's PP executor loop refuses to draft
+    as_draft = [target, str(make_ckpt(LLAMA8B)), "--method", "draft_model", "--gpu", "h200"]
+    code, refused = _run(capsys, "check", *as_draft, *L405_LAYOUT, "--json")
+    assert code == 1
+    assert "DRAFTER_WITH_PIPELINE_PARALLEL" in {f["code"] for f in refused["findings"]}
     rows = report["memory"]["per_rank"]
     assert [(r["ranks"], r["nodes"], r["layers"]) for r in rows] == [
         ("0-7", "0", "0-62"),
@@ -157,7 +202,7 @@ def test_llama_405b_tp8_pp2_two_nodes(make_ckpt, tmp_path, capsys) -> None:
         target_bytes = row["weight_bytes"] - row["drafter_bytes"]
         assert abs(target_bytes - total / 16) <= embedding / 8
         assert row["expert_bytes"] == 0 and row["experts_per_rank"] is None
-        # the draft model on every stage, split by TP 8
+        # the EAGLE-3 head on every stage (one-model drafting, no stage condition), TP 8
         assert row["drafter_bytes"] == inspect_folder(Path(drafter)).weight_bytes // 8
         # 63 layers x 2 (K, V) x 1 KV head per rank (8 / TP 8) x 128 x 2 bytes
         assert row["kv_bytes_per_token"] == 63 * 2 * 1 * 128 * 2
@@ -238,7 +283,7 @@ def test_serve_refuses_a_multi_node_build_and_names_the_launch_files(
 ) -> None:
     target = str(_llama_405b(tmp_path))
     out = tmp_path / "build"
-    argv = ["build", target, str(make_ckpt(LLAMA8B)), "--method", "draft_model", "--gpu", "h200"]
+    argv = ["build", target, str(_eagle3_405b(tmp_path)), "--method", "eagle3", "--gpu", "h200"]
     assert main([*argv, *L405_LAYOUT, "--trtllm-version", "1.2.1", "--out", str(out)]) == 0
     capsys.readouterr()
     from spectool.deploy.launch import prepare_serve
