@@ -31,7 +31,11 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from spectool.decide.replay_methods import MethodRound, replay_methods  # noqa: E402
+from spectool.decide.replay_methods import (  # noqa: E402
+    MethodRound,
+    replay_methods,
+    rounds_from_grids,
+)
 from spectool.measure.grids import read_grids, write_grids  # noqa: E402
 from spectool.measure.trial import load_trials  # noqa: E402
 from spectool.tuning.trials import pooled_cell  # noqa: E402
@@ -77,14 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sets = []  # (rounds, sources, order): each workload replayed on its own rounds
     if len(args.sources) == 1 and args.sources[0].is_file():
-        grids, names, meta = read_grids(args.sources[0])
-        for workload in meta["workloads"]:
-            rounds: dict[str, dict] = {}
-            for grid, name in zip(grids, names, strict=True):
-                round_name, _, method = name.rpartition("/")
-                if round_name.startswith(workload["name"] + "/"):
-                    rounds.setdefault(round_name, {})[method] = grid
-            sets.append((list(rounds.values()), list(rounds), workload["methods"]))
+        sets = rounds_from_grids(*read_grids(args.sources[0]))
     else:
         saved_grids, saved_names, workloads = [], [], []
         for folder in args.sources:

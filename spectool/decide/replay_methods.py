@@ -139,3 +139,24 @@ def replay_methods(
             )
         )
     return out
+
+
+def rounds_from_grids(
+    grids: Sequence[Grid], names: Sequence[str], meta: Mapping[str, Any]
+) -> list[tuple[list[dict[str, Grid]], list[str], list[str]]]:
+    """Per workload of a ``spectool.grids/1`` file of method rounds (one grid per round and
+    method, source ``WORKLOAD/ROUND/METHOD``; ``meta["workloads"]``: ``name`` and ``methods`` in
+    the profile's order): ``(rounds, round names, methods)``."""
+    out = []
+    for workload in meta.get("workloads") or ():
+        rounds: dict[str, dict[str, Grid]] = {}
+        for grid, name in zip(grids, names, strict=True):
+            round_name, _, method = name.rpartition("/")
+            if round_name.startswith(workload["name"] + "/"):
+                rounds.setdefault(round_name, {})[method] = grid
+        if not rounds:
+            raise BadInputError("method grids", f"no rounds of workload {workload['name']}")
+        out.append((list(rounds.values()), list(rounds), list(workload["methods"])))
+    if not out:
+        raise BadInputError("method grids", "no workloads named in the file's meta")
+    return out

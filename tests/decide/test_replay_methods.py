@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from spectool.decide.replay_methods import replay_methods
+from spectool.decide.replay_methods import replay_methods, rounds_from_grids
 from spectool.errors import BadInputError
+from spectool.measure.grids import read_grids
 
 from .world import World
 
@@ -50,3 +52,29 @@ def test_rounds_that_do_not_hold_every_method_are_refused() -> None:
         replay_methods(rounds[:1], ["r0"], ["draft_model", "eagle3"])
     with pytest.raises(BadInputError):
         replay_methods(rounds, ["r0", "r1"], ["draft_model", "eagle3", "ngram"])
+
+
+RECORDED = Path(__file__).parent / "data" / "method_grids.json.gz"
+
+
+def test_recorded_method_rounds_replay_to_the_method_users_would_pick() -> None:
+    """Four recorded rounds each of the code and prose workloads (2026-12-04, four methods,
+    k <= 4, concurrency 1, 4, 16; ``benchmarks/method_replay.py``): each round replayed as
+    tune's measurements deploys the method the other rounds pooled rank best where speculation
+    pays most (concurrency 1): the draft model on code, n-gram on prose; never speculates where
+    they say it costs (16 on both, 4 on code); reaches 95% of the best at concurrency 1 in 6 of
+    8 (single blocks per configuration leave code's draft length there to one block's noise)."""
+    sets = rounds_from_grids(*read_grids(RECORDED))
+    assert [order for _, _, order in sets] == [["draft_model", "eagle3", "mtp", "ngram"]] * 2
+    replays = [r for rounds, names, order in sets for r in replay_methods(rounds, names, order)]
+    assert len(replays) == 8
+    near_best = 0
+    for replay in replays:
+        at = {row["concurrency"]: row for row in replay.rows}
+        assert at[1]["best"].startswith(replay.chosen + " ")
+        assert replay.chosen == ("draft_model" if replay.source.startswith("code/") else "ngram")
+        assert at[16]["chosen"] == "off" and at[16]["verdict_agrees"] is not False
+        if replay.source.startswith("code/"):
+            assert at[4]["chosen"] == "off"
+        near_best += at[1]["share_of_best"] >= 0.95
+    assert near_best >= 6
