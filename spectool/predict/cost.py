@@ -236,6 +236,19 @@ class StepCost:
         return "memory" if self.memory_s >= self.compute_s else "compute"
 
 
+def overhead_s(geom: Geometry, f: EngineFactors, tokens: int, sequences: float) -> float:
+    """A forward's time outside the roofline: launches per forward and per layer (more for a
+    multi-token verify), per MoE layer, and per sequence (once and per layer)."""
+    per_layer = f.layer_overhead_s + (f.multi_token_layer_s if tokens > 1 else 0.0)
+    return (
+        f.forward_overhead_s
+        + (f.multi_token_forward_s if tokens > 1 else 0.0)
+        + geom.num_layers * per_layer
+        + geom.moe_layers * f.moe_layer_overhead_s
+        + sequences * (f.seq_overhead_s + geom.num_layers * f.seq_layer_overhead_s)
+    )
+
+
 def forward_cost(
     geom: Geometry,
     hw: Hardware,
@@ -256,14 +269,7 @@ def forward_cost(
     memory_s = (weight_bytes + kv_bytes) / (hw.bandwidth * f.bw_fraction)
     compute_s = flops / (hw.flops_for(geom.weight_bytes_per_param) * f.flops_fraction)
     roof = max(memory_s, compute_s) if f.overlap else memory_s + compute_s
-    per_layer = f.layer_overhead_s + (f.multi_token_layer_s if tokens > 1 else 0.0)
-    overhead = (
-        f.forward_overhead_s
-        + (f.multi_token_forward_s if tokens > 1 else 0.0)
-        + geom.num_layers * per_layer
-        + geom.moe_layers * f.moe_layer_overhead_s
-        + batch * (f.seq_overhead_s + geom.num_layers * f.seq_layer_overhead_s)
-    )
+    overhead = overhead_s(geom, f, tokens, batch)
     allreduce = 0.0
     if tp > 1:
         per = f.allreduce_s + n * geom.hidden_size * 2 / (hw.link_bandwidth * f.link_fraction)

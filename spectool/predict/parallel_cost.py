@@ -60,7 +60,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from spectool.parallel import ParallelLayout, pp_stage_layers
-from spectool.predict.cost import EngineFactors, Hardware, StepCost, forward_cost
+from spectool.predict.cost import EngineFactors, Hardware, StepCost, forward_cost, overhead_s
 from spectool.predict.geometry import Geometry
 
 ACT_BYTES = 2.0  # activations travel in BF16
@@ -125,14 +125,7 @@ def rank_forward(
     memory_s = (dense_bytes + expert_bytes + kv_bytes) / (hw.bandwidth * f.bw_fraction)
     compute_s = flops / (hw.flops_for(bpp) * f.flops_fraction)
     roof = max(memory_s, compute_s) if f.overlap else memory_s + compute_s
-    per_layer = f.layer_overhead_s + (f.multi_token_layer_s if tokens > 1 else 0.0)
-    overhead = (
-        f.forward_overhead_s
-        + (f.multi_token_forward_s if tokens > 1 else 0.0)
-        + geom.num_layers * per_layer
-        + geom.moe_layers * f.moe_layer_overhead_s
-        + local * (f.seq_overhead_s + geom.num_layers * f.seq_layer_overhead_s)
-    )
+    overhead = overhead_s(geom, f, tokens, local)
     exchange = moe_exchange_s(geom, hw, f, n_all, tp)
     return StepCost(
         seconds=roof + overhead + exchange,
