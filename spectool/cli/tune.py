@@ -218,7 +218,15 @@ def _sigterm_as_interrupt(stop: _StopRequest) -> Iterator[None]:
 
     def handler(_signum: int, _frame: FrameType | None) -> None:
         stop.requested = True
-        raise KeyboardInterrupt
+        if callable(signal.getsignal(signal.SIGINT)):
+            # As Ctrl-C: inside asyncio.run (the load generator) asyncio's own SIGINT handler
+            # cancels the running task cleanly and then raises KeyboardInterrupt; raised here
+            # instead, it can land inside the event loop's internals and leave a task that
+            # never runs again, so the loop's shutdown waits forever (a SIGTERMed tune hung 20+
+            # minutes). Outside a loop, SIGINT's default handler raises it at once.
+            signal.raise_signal(signal.SIGINT)
+        else:  # SIGINT ignored (started in the background by a shell): no handler to borrow
+            raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, handler)
     try:

@@ -1,0 +1,45 @@
+"""SIGTERM during tune's load generator (asyncio) stops it as Ctrl-C does: the running task is
+cancelled and cleans up, then KeyboardInterrupt. Raised from the signal handler instead, the
+interrupt lands wherever the main thread is (inside a task's step, inside the event loop), and
+a SIGTERMed tune was seen waiting forever in the loop's shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from spectool.cli.tune import _sigterm_as_interrupt, _StopRequest
+
+
+def test_sigterm_inside_asyncio_cancels_the_task_and_its_cleanup_runs() -> None:
+    seen: list[str] = []
+
+    async def load() -> None:
+        try:
+            end = time.monotonic() + 1.0
+            while time.monotonic() < end:  # busy in a task's step when the signal comes
+                pass
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+        except KeyboardInterrupt:
+            seen.append("interrupted inside the task")
+            raise
+        finally:
+            await asyncio.sleep(0.01)  # async cleanup (the poller's last read) still runs
+            seen.append("cleaned up")
+
+    stop = _StopRequest()
+    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    started = time.monotonic()
+    with _sigterm_as_interrupt(stop), pytest.raises(KeyboardInterrupt):
+        asyncio.run(load())
+    assert stop.requested
+    assert seen == ["cancelled", "cleaned up"]
+    assert time.monotonic() - started < 5
