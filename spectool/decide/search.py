@@ -30,13 +30,16 @@ def initial_plan(
     *,
     acceptance_concurrencies: int = 2,
     cost_concurrencies: int = 1,
+    prior: bool = False,
 ) -> tuple[CellKey, ...]:
     """Cells measured before any prediction: baselines, ``K`` at ``acceptance_concurrencies``
     spread concurrencies (ends first), then ``1`` at ``cost_concurrencies`` spread ones (one: the
-    smallest). Grouped by ``k``: three server starts."""
+    smallest). Grouped by ``k``: three server starts. ``prior``: a first-principles step cost
+    stands in for the ``k = 1`` cells (when ``K > 1``), so they are not planned."""
     plan: list[CellKey] = [(c, 0) for c in sorted(set(concurrencies))]
     plan += [(c, max_draft_len) for c in spread(concurrencies, acceptance_concurrencies)]
-    plan += [(c, 1) for c in spread(concurrencies, cost_concurrencies)]
+    if not (prior and max_draft_len > 1):
+        plan += [(c, 1) for c in spread(concurrencies, cost_concurrencies)]
     return tuple(dict.fromkeys(plan))
 
 

@@ -194,9 +194,8 @@ def tune(
         max_draft_len,
         acceptance_concurrencies=acceptance_concurrencies,
         cost_concurrencies=cost_concurrencies,
+        prior=prior_step is not None,
     )
-    if prior_step is not None and max_draft_len > 1:
-        plan = tuple(key for key in plan if key[1] != 1)
     planned = {key: get(*key) for key in plan}
 
     # Predictions rest on the planned cells only, so a resumed search (which may already hold

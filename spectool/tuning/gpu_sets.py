@@ -47,11 +47,11 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from spectool.deploy.slurm import GONE_TIMEOUT_S
 from spectool.errors import BadInputError
 
 LAUNCHERS = ("local", "slurm")
 SLURM_COMMANDS = ("srun", "squeue", "scancel")
-GONE_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)

@@ -206,9 +206,8 @@ def run_tune(
         prior_step = _prior(resolved, prompts, out, None if dry else progress)
     # the draft lengths the search plans first (spectool.decide.search.initial_plan), in order:
     # with two GPU sets or more their servers start while the baselines are measured
-    first_ks = [k for _, k in initial_plan(concs, resolved.max_draft_len) if k > 0]
-    if prior_step is not None and resolved.max_draft_len > 1:
-        first_ks = [k for k in first_ks if k != 1]
+    planned = initial_plan(concs, resolved.max_draft_len, prior=prior_step is not None)
+    first_ks = [k for _, k in planned if k > 0]
     prefetched: list[bool] = []  # once, at the first baseline
     measure_started = time.perf_counter()
     with driver if own_driver else nullcontext(driver):

@@ -223,6 +223,9 @@ def test_initial_plan_and_spread() -> None:
     assert initial_plan((1, 64), 1) == ((1, 0), (64, 0), (1, 1), (64, 1))
     wide = initial_plan(CONCURRENCIES, K, acceptance_concurrencies=1, cost_concurrencies=3)
     assert wide[len(CONCURRENCIES) :] == ((1, K), (1, 1), (8, 1), (64, 1))
+    # a prior standing in for k = 1: no k = 1 cell, unless k = 1 is also K
+    assert initial_plan(CONCURRENCIES, K, prior=True) == plan[:-1]
+    assert initial_plan((1, 64), 1, prior=True) == initial_plan((1, 64), 1)
 
 
 def _batch_cell(c: int, k: int, batch: int) -> CellMeasurement:

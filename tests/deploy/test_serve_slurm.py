@@ -70,63 +70,89 @@ def _job_processes(marker: str) -> list[str]:
     return [line for line in out.stdout.splitlines() if "pgrep" not in line]
 
 
-def test_serve_launcher_slurm_ready_answers_and_ctrl_c_leaves_nothing(
-    cluster: Cluster, doubles: Path, make_ckpt, tmp_path: Path, capsys
-) -> None:
+def _tp2_build(make_ckpt, tmp_path: Path, capsys) -> Path:  # noqa: ANN001
+    """A TP 2 TensorRT-LLM build folder (Llama-3.1-8B with its EAGLE-3 head)."""
     out = tmp_path / "build"
     argv = ["build", str(make_ckpt(LLAMA)), str(make_ckpt(EAGLE3)), "--gpu", "h100-sxm"]
     assert main([*argv, "--tp", "2", "--trtllm-version", "1.2.1", "--out", str(out)]) == 0
     capsys.readouterr()
-    port = _free_port()
+    return out
+
+
+def _serve(out: Path, launcher: str, base_env: dict, doubles: Path, port: int):  # noqa: ANN202
+    """``spectool serve OUT --launcher L`` with the doubles first on PATH, output merged."""
     env = {
-        **cluster.env,
+        **base_env,
         "PATH": f"{doubles}:{os.environ['PATH']}",
         "TRTLLM_DOUBLE_RELEASE": "1.2",
         "PYTHONUNBUFFERED": "1",
     }
-    cmd = [sys.executable, "-m", "spectool.cli.app", "serve", str(out), "--launcher", "slurm"]
-    proc = subprocess.Popen(  # noqa: S603
+    env.pop("HOSTFILE", None)
+    cmd = [sys.executable, "-m", "spectool.cli.app", "serve", str(out), "--launcher", launcher]
+    return subprocess.Popen(  # noqa: S603
         [*cmd, "--port", str(port), "--ready-timeout", "60"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,  # "ready after" goes to stdout, the rest to stderr
         text=True,
     )
+
+
+def _until_ready(proc: subprocess.Popen) -> str:
+    """Its output up to the "ready after" line (or its end, or 90 s)."""
+    assert proc.stdout is not None
     lines: list[str] = []
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if "ready after" in line:
+            break
+    return "".join(lines)
+
+
+def _answers_on_rank_0_and_ctrl_c_stops_it(proc: subprocess.Popen, port: int) -> None:
+    """A completion answered by rank 0 (rank 1 waits), then Ctrl-C: exit 130."""
+    answer = httpx.post(
+        f"http://127.0.0.1:{port}/v1/completions",
+        json={"model": "m", "prompt": "hello", "max_tokens": 4},
+        timeout=10,
+    )
+    assert answer.status_code == 200
+    assert len(_job_processes(str(DOUBLE))) == 1  # the server: rank 0 only
+    assert len(_job_processes("sleep 100000")) == 1  # rank 1's stand-in worker
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 130
+
+
+def _no_rank_left(within_s: float = 10.0) -> None:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline and (
+        _job_processes(str(DOUBLE)) or _job_processes("sleep 100000")
+    ):
+        time.sleep(0.2)
+    assert _job_processes(str(DOUBLE)) == [] and _job_processes("sleep 100000") == []
+
+
+def test_serve_launcher_slurm_ready_answers_and_ctrl_c_leaves_nothing(
+    cluster: Cluster, doubles: Path, make_ckpt, tmp_path: Path, capsys
+) -> None:
+    out = _tp2_build(make_ckpt, tmp_path, capsys)
+    port = _free_port()
+    proc = _serve(out, "slurm", cluster.env, doubles, port)
     try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            if "ready after" in line:
-                break
-        text = "".join(lines)
+        text = _until_ready(proc)
         assert "ready after" in text, text
         assert "submitted Slurm job" in text, text
         jobs = cluster.jobs()
         assert len(jobs) == 1, jobs
-        answer = httpx.post(
-            f"http://127.0.0.1:{port}/v1/completions",
-            json={"model": "m", "prompt": "hello", "max_tokens": 4},
-            timeout=10,
-        )
-        assert answer.status_code == 200
-        assert len(_job_processes(str(DOUBLE))) == 1  # the server: rank 0 only
-        assert len(_job_processes("sleep 100000")) == 1  # rank 1's stand-in worker
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 130
+        _answers_on_rank_0_and_ctrl_c_stops_it(proc, port)
         rest = proc.stdout.read()
         assert "squeue no longer lists it" in rest, rest
         assert cluster.jobs() == []
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and (
-            _job_processes(str(DOUBLE)) or _job_processes("sleep 100000")
-        ):
-            time.sleep(0.2)
-        assert _job_processes(str(DOUBLE)) == [] and _job_processes("sleep 100000") == []
+        _no_rank_left()
         assert (out / f"spectool-serve-{jobs[0]}.out").is_file()  # the job's output, kept
     finally:
         if proc.poll() is None:
@@ -153,55 +179,15 @@ def test_serve_launcher_mpirun_ready_answers_and_ctrl_c_leaves_nothing(
     """A TP 2 build under real Open MPI mpirun (2 ranks on this host): ready, a completion,
     Ctrl-C stops both ranks."""
     _mpirun()
-    out = tmp_path / "build"
-    argv = ["build", str(make_ckpt(LLAMA)), str(make_ckpt(EAGLE3)), "--gpu", "h100-sxm"]
-    assert main([*argv, "--tp", "2", "--trtllm-version", "1.2.1", "--out", str(out)]) == 0
-    capsys.readouterr()
+    out = _tp2_build(make_ckpt, tmp_path, capsys)
     port = _free_port()
-    env = {
-        **os.environ,
-        "PATH": f"{doubles}:{os.environ['PATH']}",
-        "TRTLLM_DOUBLE_RELEASE": "1.2",
-        "PYTHONUNBUFFERED": "1",
-    }
-    env.pop("HOSTFILE", None)
-    cmd = [sys.executable, "-m", "spectool.cli.app", "serve", str(out), "--launcher", "mpirun"]
-    proc = subprocess.Popen(  # noqa: S603
-        [*cmd, "--port", str(port), "--ready-timeout", "60"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    lines: list[str] = []
+    proc = _serve(out, "mpirun", dict(os.environ), doubles, port)
     try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line or "ready after" in line:
-                lines.append(line)
-                break
-            lines.append(line)
-        text = "".join(lines)
+        text = _until_ready(proc)
         assert "ready after" in text, text
         assert "starting mpirun -np 2" in text, text
-        answer = httpx.post(
-            f"http://127.0.0.1:{port}/v1/completions",
-            json={"model": "m", "prompt": "hello", "max_tokens": 4},
-            timeout=10,
-        )
-        assert answer.status_code == 200
-        assert len(_job_processes(str(DOUBLE))) == 1  # the server: rank 0 only
-        assert len(_job_processes("sleep 100000")) == 1  # rank 1's stand-in worker
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 130
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and (
-            _job_processes(str(DOUBLE)) or _job_processes("sleep 100000")
-        ):
-            time.sleep(0.2)
-        assert _job_processes(str(DOUBLE)) == [] and _job_processes("sleep 100000") == []
+        _answers_on_rank_0_and_ctrl_c_stops_it(proc, port)
+        _no_rank_left()
     finally:
         if proc.poll() is None:
             proc.kill()
