@@ -37,7 +37,7 @@ Pure: tune results in, a :class:`MethodChoice` out.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from statistics import NormalDist
 from typing import Literal
@@ -176,13 +176,44 @@ def method_cells(result: TuneResult) -> dict[int, MethodCell]:
     return cells
 
 
-def rival_ratios(results: Sequence[TuneResult]) -> dict[int, float]:
-    """Per concurrency, the best ratio any of ``results`` chose (1.0 where all stay off)."""
-    rival: dict[int, float] = {}
+@dataclass(frozen=True)
+class Rival(Mapping[int, float]):
+    """What a method compared after others must beat: per concurrency the best ratio any earlier
+    method chose (the mapping; 1.0 where all stay off), and the best earlier method's score
+    (``method``, ``score``: the geometric mean of its ratios, off = 1.0, as :func:`choose_method`
+    scores a deployment)."""
+
+    ratios: Mapping[int, float]
+    method: str
+    score: float
+
+    def __getitem__(self, c: int) -> float:
+        return self.ratios[c]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.ratios)
+
+    def __len__(self) -> int:
+        return len(self.ratios)
+
+
+def method_score(result: TuneResult) -> float:
+    """The geometric mean of a method's chosen ratios over its concurrencies (off = 1.0)."""
+    cells = method_cells(result).values()
+    return math.exp(sum(math.log(cell.ratio) for cell in cells) / len(cells))
+
+
+def rival_ratios(results: Sequence[TuneResult]) -> Rival:
+    """Per concurrency, the best ratio any of ``results`` chose (1.0 where all stay off), and
+    the best of ``results`` by score."""
+    if not results:
+        raise BadInputError("tune", "a rival needs at least one method tuned before")
+    ratios: dict[int, float] = {}
     for result in results:
         for c, cell in method_cells(result).items():
-            rival[c] = min(rival.get(c, 1.0), cell.ratio)
-    return rival
+            ratios[c] = min(ratios.get(c, 1.0), cell.ratio)
+    best = min(results, key=method_score)
+    return Rival(ratios, best.method, method_score(best))
 
 
 def choose_method(

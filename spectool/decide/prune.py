@@ -9,6 +9,12 @@ planned cells) decide two kinds of prune:
   earlier method measured there. A cell predicted at ratio ``p`` against a rival at ``r`` is
   pruned only when even the optimistic end of its 80 % interval, ``p / high``
   (:func:`spectool.predict.interval.could_win`), is no better than ``r``.
+* **Against the best rival method's score** (:func:`against_best_method`): a method whose
+  score (the geometric mean over the concurrencies that deploys one method,
+  :mod:`spectool.decide.methods`) would stay more than the tie margin behind the best earlier
+  method's even if every cell it still wants came in at the optimistic end of its interval
+  cannot be deployed, nor tie: those cells are not confirmed. Per concurrency a cell may well
+  beat the rival there; what a deployment runs is one method at every concurrency.
 * **Draft lengths left to prediction** (:func:`left_to_prediction`): the search confirms one
   cell per concurrency; every other ``k`` is decided by its prediction against the chosen
   cell's measured ratio (1.0 when off). These are recorded, not re-measured: see below.
@@ -33,6 +39,7 @@ error, benchmarks/predict_cpu.py), and the record says it is not measured.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Literal
@@ -51,7 +58,7 @@ GRIDS_NAME = "demo_grids_n8.json.gz"
 # less than 20 % is measured).
 FALLBACK_MARGIN = 0.20
 
-Kind = Literal["rival", "draft_length"]
+Kind = Literal["rival", "method", "draft_length"]
 
 
 @dataclass(frozen=True)
@@ -114,7 +121,10 @@ class PruneCheck:
         return {**asdict(self), "within_error": self.within_error}
 
     def describe(self) -> str:
-        what = "a rival method's" if self.kind == "rival" else "the chosen cell's"
+        what = {
+            "rival": "a rival method's",
+            "method": "the ratio that would let the method tie the best rival's score:",
+        }.get(self.kind, "the chosen cell's")
         return (
             f"c={self.concurrency} k={self.k}: predicted {self.predicted_ratio:.3f} against "
             f"{what} {self.against_ratio:.3f}; {self.needed:.0%} too pessimistic would change "
@@ -164,6 +174,63 @@ def against_rival(
                 f"that): within the predictor's measured error of {error.margin:.0%}"
             )
     return kept, checks, notes
+
+
+def against_best_method(
+    method: str,
+    holds: Mapping[int, float],
+    wanted: Mapping[tuple[int, int], float],
+    rival_method: str,
+    rival_score: float,
+    error: PredictionError,
+    tie_margin: float,
+) -> tuple[bool, list[PruneCheck], list[str]]:
+    """Whether ``method`` can still be deployed: ``holds`` is, per concurrency, the ratio its
+    measured cells give it now (1.0 when off), ``wanted`` the predicted ratio of each cell
+    ``(c, k)`` it would confirm. The bar is the best earlier method's score times ``1 +
+    tie_margin``: a method above it is neither the best nor equivalent to it
+    (:func:`spectool.decide.methods.choose_method`). ``needed`` is the share by which every
+    wanted cell's prediction would have to be too pessimistic, all at once, to bring the score
+    to the bar; the cells are pruned when that exceeds the predictor's measured error, i.e.
+    when even the interval's optimistic ends leave the method behind. Returns (pruned, a check
+    per wanted cell, a note when pruned)."""
+    concs = sorted(holds)
+    bar = rival_score * (1.0 + tie_margin)
+
+    def score(shrink: float) -> float:
+        per_c = dict(holds)
+        for (c, _k), ratio in wanted.items():
+            per_c[c] = min(per_c[c], 1.0, ratio * (1.0 - shrink))
+        return math.exp(sum(math.log(per_c[c]) for c in concs) / len(concs))
+
+    if not wanted or score(0.0) <= bar:
+        needed = 0.0 if wanted else math.inf
+    else:
+        low, high = 0.0, 1.0  # score(high) -> 0 < bar: bisect the share that reaches the bar
+        for _ in range(60):
+            mid = (low + high) / 2.0
+            low, high = (mid, high) if score(mid) > bar else (low, mid)
+        needed = high
+    pruned = bool(wanted) and needed > error.margin
+    checks = [
+        PruneCheck("method", c, k, r, r * (1.0 - needed), needed, error.margin, pruned)
+        for (c, k), r in sorted(wanted.items())
+    ]
+    if not pruned:
+        return False, checks, []
+    cells = ", ".join(f"c={c} k={k} ({r:.3f})" for (c, k), r in sorted(wanted.items()))
+    return (
+        True,
+        checks,
+        [
+            f"not confirmed: {cells}; even with each at the optimistic end of its prediction "
+            f"interval, {method}'s score would be {score(error.margin):.3f} against {rival_method}'s "
+            f"{rival_score:.3f}, more than the {tie_margin:.0%} tie margin behind that rival method, "
+            f"so {method} could be neither deployed nor tied. The predictions would have to be "
+            f"{needed:.0%} too pessimistic, all of them, to change that (the predictor's measured "
+            f"error: {error.margin:.0%})"
+        ],
+    )
 
 
 def left_to_prediction(
@@ -219,7 +286,9 @@ def pruning_json(error: PredictionError | None, checks: Sequence[PruneCheck]) ->
     return {
         "prediction_error": None if error is None else error.to_json(),
         "rule": "a cell is left unmeasured against a rival only when the optimistic end of its "
-        "prediction interval (predicted ratio / high) does not beat the rival's measured ratio",
+        "prediction interval (predicted ratio / high) does not beat the rival's measured ratio, "
+        "or when, with every cell it still wants there, the method's score would stay more than "
+        "the tie margin behind the best rival method's",
         "checks": [x.to_json() for x in checks],
     }
 
@@ -236,13 +305,16 @@ def pruning_markdown(error: PredictionError | None, checks: Sequence[PruneCheck]
         + ("" if error.measured else "; NOT measured")
         + "). Against a rival method a draft length is measured unless even that error would "
         "not let it win; the margin is how much too pessimistic its prediction would have to "
-        "be to change the decision (below the error: within it). Draft lengths left to "
+        "be to change the decision (below the error: within it); a method whose score would "
+        "stay more than the tie margin behind the best rival method's with every cell it "
+        "still wants at that optimistic end confirms none of them. Draft lengths left to "
         "prediction are not measured; those within the error are counted.",
         "",
         "| kind | c | closest k | predicted | against | margin | error | outcome |",
         "|" + "---|" * 8,
     ]
-    for kind in ("rival", "draft_length"):
+    labels = {"rival": "rival method", "method": "rival's score", "draft_length": "draft length"}
+    for kind in labels:
         for c in sorted({x.concurrency for x in checks if x.kind == kind}):
             group = [x for x in checks if x.kind == kind and x.concurrency == c]
             best = min(group, key=lambda x: x.needed)
@@ -250,11 +322,11 @@ def pruning_markdown(error: PredictionError | None, checks: Sequence[PruneCheck]
             within = sum(x.within_error for x in group if x.pruned)
             outcome = (
                 f"{pruned} of {len(group)} k pruned"
-                if kind == "rival"
+                if kind != "draft_length"
                 else f"{pruned} k not measured"
             ) + (f", {within} within the error" if within else "")
             lines.append(
-                f"| {'rival method' if kind == 'rival' else 'draft length'} | {c} | {best.k} | "
+                f"| {labels[kind]} | {c} | {best.k} | "
                 f"{best.predicted_ratio:.3f} | {best.against_ratio:.3f} | {best.needed:.0%} | "
                 f"{best.error:.0%} | {outcome} |"
             )

@@ -55,6 +55,7 @@ from collections.abc import Callable, Mapping, Sequence
 from spectool.decide.cell import CellMeasurement
 from spectool.decide.choose import final_choices, ranking_ratios
 from spectool.decide.cost import evaluate_cell
+from spectool.decide.methods import TIE_MARGIN, Rival
 from spectool.decide.model import (
     CellPrediction,
     ScheduleSemantics,
@@ -77,6 +78,7 @@ from spectool.decide.paired import (
 from spectool.decide.prune import (
     PredictionError,
     PruneCheck,
+    against_best_method,
     against_rival,
     left_to_prediction,
     prediction_error,
@@ -208,39 +210,6 @@ def tune(
     ]
     if prior_step is not None and max_draft_len > 1:
         observations += _prior_observations(observations, prior_step, max_draft_len, notes)
-    model: StepCostModel | None = None
-    predictions: tuple[CellPrediction, ...] = ()
-    predicted_choices: dict[int, int] = {}
-    if alphas and any(o.k > 0 for o in observations) and len(base_step) == len(concs):
-        model = fit_step_cost(observations)
-        predictions = predict_grid(
-            model,
-            alphas,
-            max_draft_len,
-            base_step_ms=base_step,
-            batch_by_concurrency=batch,
-            batch_by_cell=speculative_batches(planned, concs, max_draft_len),
-        )
-        predicted_choices = choose_k(predictions, min_gain=min_gain)
-        # Confirm the predicted best *writable* choices: none above the first concurrency's.
-        k1 = predicted_writable_first(predictions, concs)
-        writable = [
-            p for p in predictions if 0 < p.k <= k1 and (p.concurrency != concs[0] or p.k == k1)
-        ]
-        if rival:
-            writable, checks, pruned = against_rival(writable, rival, error, close_margin)
-            prune_checks += checks
-            notes += pruned
-        wanted = confirmation_cells(writable, close_margin, measured=set(plan))
-        for key in server_order(wanted, last_k=plan[-1][1]):
-            get(*key)
-    else:
-        notes.append(
-            "no acceptance counts or step times: nothing to predict from, measured the full grid"
-        )
-        for c in concs:
-            for k in range(1, max_draft_len + 1):
-                get(c, k)
 
     def verdict(c: int, k: int, cell: CellMeasurement) -> CellVerdict:
         if (c, k) in paired:
@@ -281,6 +250,66 @@ def tune(
         args = (concs, verdicts, ranking, min_gain, accept_inconclusive)
         return verdicts, final_choices(*args), final_choices(*args, cap=False)
 
+    def in_contention(wanted: Sequence[CellKey]) -> bool:
+        """Whether this method can still be deployed before its next confirmation cell: the
+        cells of ``wanted`` not measured yet against the best earlier method's score, with
+        every cell measured so far (:func:`~spectool.decide.prune.against_best_method`). Checked
+        before each cell, so a resumed search, and the joint design's repeated dry searches,
+        stop where an uninterrupted one does."""
+        if not isinstance(rival, Rival):
+            return True
+        pending = {key: by_prediction[key] for key in wanted if key not in cells}
+        if not pending:
+            return True
+        verdicts_now, held, _ = decide()
+        ratio_of = {(v.concurrency, v.k): v.ratio for v in verdicts_now}
+        holds = {c: ratio_of[(c, k)] if k > 0 else 1.0 for c, k in held.items()}
+        pruned, checks, pruned_notes = against_best_method(
+            method, holds, pending, rival.method, rival.score, error, TIE_MARGIN
+        )
+        if pruned:
+            prune_checks.extend(checks)
+            notes.extend(pruned_notes)
+        return not pruned
+
+    by_prediction: dict[CellKey, float] = {}
+    model: StepCostModel | None = None
+    predictions: tuple[CellPrediction, ...] = ()
+    predicted_choices: dict[int, int] = {}
+    if alphas and any(o.k > 0 for o in observations) and len(base_step) == len(concs):
+        model = fit_step_cost(observations)
+        predictions = predict_grid(
+            model,
+            alphas,
+            max_draft_len,
+            base_step_ms=base_step,
+            batch_by_concurrency=batch,
+            batch_by_cell=speculative_batches(planned, concs, max_draft_len),
+        )
+        by_prediction = {(p.concurrency, p.k): p.ratio for p in predictions}
+        predicted_choices = choose_k(predictions, min_gain=min_gain)
+        # Confirm the predicted best *writable* choices: none above the first concurrency's.
+        k1 = predicted_writable_first(predictions, concs)
+        writable = [
+            p for p in predictions if 0 < p.k <= k1 and (p.concurrency != concs[0] or p.k == k1)
+        ]
+        if rival:
+            writable, checks, pruned = against_rival(writable, rival, error, close_margin)
+            prune_checks += checks
+            notes += pruned
+        wanted = confirmation_cells(writable, close_margin, measured=set(plan))
+        for key in server_order(wanted, last_k=plan[-1][1]):
+            if not in_contention(wanted):
+                break
+            get(*key)
+    else:
+        notes.append(
+            "no acceptance counts or step times: nothing to predict from, measured the full grid"
+        )
+        for c in concs:
+            for k in range(1, max_draft_len + 1):
+                get(c, k)
+
     verdicts, choices, uncapped = decide()
     if predictions and uncapped != choices:
         # The best cells rise above the smallest concurrency's choice, which a schedule cannot
@@ -298,6 +327,8 @@ def tune(
         extra = [key for key in dict.fromkeys(wanted) if key not in cells]
         last_k = measured_now[-1][1] if measured_now else None
         for key in server_order(extra, last_k=last_k):
+            if not in_contention(extra):
+                break
             get(*key)
         if extra:
             verdicts, choices, uncapped = decide()

@@ -28,6 +28,7 @@ from spectool.decide.duel import DuelEstimate
 from spectool.decide.methods import (
     TIE_MARGIN,
     MethodChoice,
+    Rival,
     choose_method,
     closest_rival,
     rival_ratios,
@@ -110,9 +111,7 @@ def resolve_all(requests: Sequence[TuneRequest]) -> list[ResolvedTune]:
 
 def run_methods(
     resolved: Sequence[ResolvedTune],
-    run: Callable[
-        [ResolvedTune, Mapping[int, float], Mapping[CellKey, CellMeasurement]], TuneOutcome
-    ],
+    run: Callable[[ResolvedTune, Rival | None, Mapping[CellKey, CellMeasurement]], TuneOutcome],
     *,
     on_message: Callable[[str], None] | None = None,
     duel: DuelFn | None = None,
@@ -131,7 +130,7 @@ def run_methods(
     for number, r in enumerate(resolved, 1):
         if on_message is not None:
             on_message(f"method {number}/{len(resolved)}: {r.method}")
-        rival = rival_ratios([o.result for o in outcomes])
+        rival = rival_ratios([o.result for o in outcomes]) if outcomes else None
         baselines = (
             {key: cell for key, cell in outcomes[0].cells.items() if key[1] == 0}
             if outcomes

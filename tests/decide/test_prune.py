@@ -23,7 +23,7 @@ from spectool.decide.prune import (
     pruning_markdown,
 )
 from spectool.decide.replay import prediction_residuals
-from spectool.decide.search import predicted_writable_first
+from spectool.decide.search import initial_plan, predicted_writable_first
 from spectool.decide.tune import tune
 from spectool.measure.grids import read_grids
 
@@ -146,3 +146,47 @@ def test_the_shipped_error_is_the_recorded_grids_out_of_sample_error(objective: 
     assert len(residuals) > 500
     high = measured_high(residuals)
     assert high <= MEASURED_HIGH[objective] <= high + 0.02
+
+
+def test_a_method_that_cannot_reach_the_best_rivals_score_confirms_nothing() -> None:
+    """Per concurrency a cell may beat the rival there; a deployment runs one method everywhere.
+    A rival whose ratios prune nothing cell by cell (1.0: it is off) but whose best method
+    scores far better: the old rule confirmed every cell as with no rival; now the search stops
+    before its confirmation cells, records by how much every prediction would have to be too
+    pessimistic, and the same rival with a reachable score changes nothing."""
+    from spectool.decide.methods import Rival
+
+    alone, alone_calls = _run()
+    lenient = {c: 1.0 for c in CONCURRENCIES}
+    reachable, reachable_calls = _run(rival=Rival(lenient, "eagle3", 0.99))
+    assert reachable_calls == alone_calls
+    out, out_calls = _run(rival=Rival(lenient, "eagle3", 0.2))
+    planned = len(initial_plan(CONCURRENCIES, K))
+    assert len(alone_calls) > planned and out_calls == alone_calls[:planned]
+    (note,) = [n for n in out.notes if "could be neither deployed nor tied" in n]
+    assert "eagle3's 0.200" in note and "rival" in note
+    checks = [x for x in out.prune_checks if x.kind == "method"]
+    assert checks and all(x.pruned and x.needed > STEPS.margin for x in checks)
+    assert {(x.concurrency, x.k) for x in checks}.isdisjoint(out_calls)
+    lines = pruning_markdown(out.prediction_error, out.prune_checks)
+    assert any(line.startswith("| rival's score |") for line in lines)
+
+
+@pytest.mark.parametrize("offset", [-0.02, 0.02])
+def test_the_score_prune_boundary_is_the_measured_error(offset: float) -> None:
+    """Held at 0.6 at concurrency 1, one cell left at 4 predicted 0.8, off (1.0) at 16: the
+    score reaches the bar (the rival's score x 1.05) when the prediction is ``need`` too
+    pessimistic; pruned only when ``need`` exceeds the measured error."""
+    from spectool.decide.methods import TIE_MARGIN
+    from spectool.decide.prune import against_best_method
+
+    need = STEPS.margin + offset
+    holds = {1: 0.6, 4: 1.0, 16: 1.0}
+    reached = (0.6 * 0.8 * (1.0 - need)) ** (1 / 3)  # the score with the cell at 0.8 (1 - need)
+    rival = reached / (1.0 + TIE_MARGIN)
+    pruned, (check,), notes = against_best_method(
+        "ngram", holds, {(4, 2): 0.8}, "draft_model", rival, STEPS, TIE_MARGIN
+    )
+    assert check.needed == pytest.approx(need, abs=1e-6)
+    assert check.against_ratio == pytest.approx(0.8 * (1.0 - need), abs=1e-6)
+    assert pruned == check.pruned == (offset > 0) == bool(notes)
