@@ -38,6 +38,7 @@ def main() -> int:  # noqa: PLR0915 - one report, top to bottom
         load_baselines,
         predicted_step_ms,
         published_step_ms,
+        stated,
     )
     from spectool.predict.interval import LEVEL, UNCERTAIN, interval, residual_band
     from spectool.predict.loso import (
@@ -89,8 +90,9 @@ def main() -> int:  # noqa: PLR0915 - one report, top to bottom
     )
 
     print("\n2. baseline (no speculation) absolute speed")
-    base_loso = leave_one_source_out_baselines(baselines, models)
-    base_in = evaluate_baselines(baselines, models)
+    judged = stated(baselines)  # a row whose batch is not stated is listed apart below
+    base_loso = leave_one_source_out_baselines(judged, models)
+    base_in = evaluate_baselines(judged, models)
     in_by_id = {r.row_id: p for r, p in base_in.rows}
     print(f"{'row':45} {'engine':7} {'batch':>5} {'pub':>8} {'LOSO':>8} {'err':>7} {'in-s.':>7}")
     for r, p in base_loso.rows:
@@ -99,7 +101,8 @@ def main() -> int:  # noqa: PLR0915 - one report, top to bottom
             f"{p / r.value - 1:+7.1%} {in_by_id[r.row_id] / r.value - 1:+7.1%}"
         )
     print(
-        f"baselines: LOSO median |error| {base_loso.median_abs_error:.1%}; in sample "
+        f"baselines: LOSO median |error| {base_loso.median_abs_error:.1%} over "
+        f"{len(judged)} rows; in sample "
         f"{base_in.median_abs_error:.1%}"
     )
     print("published step times (single stream), shipped factors:")
@@ -109,6 +112,15 @@ def main() -> int:  # noqa: PLR0915 - one report, top to bottom
             pred = predicted_step_ms(b, models)
             print(
                 f"  {b.row_id:45} {pub:6.2f} ms published, {pred:6.2f} predicted ({pred / pub - 1:+.0%})"
+            )
+    unstated = [b for b in baselines if not b.batch_stated]
+    if unstated:
+        print("batch not stated by the source (no step time implied; neither fitted nor judged):")
+        for b in unstated:
+            pred = predicted_step_ms(b, models)
+            print(
+                f"  {b.row_id:45} {1e3 / b.value:6.2f} ms if batch {b.batch}, "
+                f"{pred:6.2f} predicted ({pred * b.value / 1e3 - 1:+.0%})"
             )
 
     print("\n3. best k of every published sweep over k (shipped factors)")

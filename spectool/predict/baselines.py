@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -67,6 +67,9 @@ class BaselineRow:
     output_len: int | None
     value: float  # output tokens/s per GPU (static) or per stream (single-stream)
     attention_kv: str = SHARED_KV  # ATTENTION_KV; load_baselines requires the column
+    # whether the source states the batch (or one request at a time); load_baselines requires
+    # the column. A row whose batch is assumed implies no step time and is not fitted
+    batch_stated: bool = True
 
 
 def load_baselines(folder: Path) -> list[BaselineRow]:
@@ -90,6 +93,7 @@ def load_baselines(folder: Path) -> list[BaselineRow]:
                 output_len=int(r["output_len"]) if r["output_len"].strip() else None,
                 value=float(r["value"]),
                 attention_kv=r["attention_kv"],
+                batch_stated=_yes_no(r["batch_stated"]),
             )
         except (KeyError, ValueError) as exc:
             raise BadInputError(path, f"line {i}: {exc}") from exc
@@ -105,6 +109,18 @@ def load_baselines(folder: Path) -> list[BaselineRow]:
             raise BadInputError(path, f"line {i}: value, batch and tp must be positive")
         rows.append(row)
     return rows
+
+
+def _yes_no(text: str) -> bool:
+    if text not in ("yes", "no"):
+        raise ValueError(f"batch_stated {text!r} is neither yes nor no")
+    return text == "yes"
+
+
+def stated(rows: Sequence[BaselineRow]) -> list[BaselineRow]:
+    """The rows whose source states the batch: the only ones a step time is fitted to or
+    checked against (a throughput at an unknown batch says nothing about one step)."""
+    return [r for r in rows if r.batch_stated]
 
 
 def baseline_setup(
@@ -163,9 +179,10 @@ def predicted_step_ms(
 
 
 def published_step_ms(row: BaselineRow) -> float | None:
-    """The decode step the source implies (ms): single-stream rows only (1 / value); a static
-    row's time mixes prefill and decode, so it gives none."""
-    return 1e3 / row.value if row.load_kind == SINGLE_STREAM else None
+    """The decode step the source implies (ms): single-stream rows whose source states the batch
+    only (1 / value); a static row's time mixes prefill and decode, and a row whose batch is
+    assumed implies no step, so they give none."""
+    return 1e3 / row.value if row.load_kind == SINGLE_STREAM and row.batch_stated else None
 
 
 @dataclass(frozen=True)
@@ -197,9 +214,11 @@ def fit_baseline_factors(
     """Per engine with more rows than :data:`BASE_FITTED` has names, those factors at the grid
     point minimising the mean |log(predicted / published)| of its absolute rows, the rest as in
     ``base[engine]``. An engine with fewer rows is left out (its caller keeps its prior): three
-    factors fitted to one or two rows reproduce them and nothing else."""
+    factors fitted to one or two rows reproduce them and nothing else. Rows whose batch the
+    source does not state are not fitted (:func:`stated`)."""
     from spectool.predict.calibrate import fit_factors
 
+    rows = stated(rows)
     fitted: dict[str, EngineFactors] = {}
     for engine in sorted({r.engine for r in rows}):
         sub = [r for r in rows if r.engine == engine]

@@ -107,7 +107,7 @@ def resolved_setup(
 
 def predicted_cells(pred: Prediction) -> list[dict[str, Any]]:
     """decision.json cells from a prediction: ms per token with and without speculation, the
-    ratio's 80 % interval (:mod:`spectool.predict.interval`: speed-up x0.76-x1.10, out of
+    ratio's 80 % interval (:mod:`spectool.predict.interval`: speed-up x0.76-x1.07, out of
     sample) as ``ci_low``/``ci_high``, and a verdict that is ``inconclusive`` when the interval
     straddles 1, never ``pays``."""
     from spectool.predict.interval import UNCERTAIN, interval
