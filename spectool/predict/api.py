@@ -103,10 +103,11 @@ def describe(prediction: Prediction) -> list[str]:
             )
     if prediction.acceptance is not None:
         be = prediction.break_even_concurrency
-        lines.append(
-            "speculation pays at every concurrency tried up to 4096"
+        lines.append(  # point estimates: each concurrency's interval is on its own line
+            "predicted faster than no speculation at every concurrency tried up to 4096 "
+            "(point estimates)"
             if be is None
-            else f"no draft length pays from concurrency {be} on"
+            else f"no draft length is predicted to pay from concurrency {be} on (point estimates)"
         )
     if prediction.setup.layout is not None:
         lines += step_lines(prediction)
