@@ -136,38 +136,24 @@ def test_per_query_head_kv_reads_cost_a_gqa_model_its_group(table: tuple[list, d
     assert predict_value(mha, models) == predict_value(replace(mha, attention_kv=SHARED_KV), models)
 
 
-def test_bad_rows_are_one_line_errors(tmp_path: Path) -> None:
-    text = (PUBLISHED / "baselines.csv").read_text(encoding="utf-8")
-    header = text.splitlines()[0]
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ("8,static,,,shared,yes", "static row needs input_len"),
+        ("8,steady,,,shared,yes", "load_kind"),
+        ("1,single-stream,,,shared,maybe", "batch_stated 'maybe'"),
+        ("8,static,1,1,xqa,yes", "attention_kv"),
+    ],
+)
+def test_bad_rows_are_one_line_errors(tmp_path: Path, row: str, message: str) -> None:
+    header = (PUBLISHED / "baselines.csv").read_text(encoding="utf-8").splitlines()[0]
     (tmp_path / "baselines.csv").write_text(
-        header + "\nx,s,u,l,m,trtllm,h100-sxm,1,fp8,8,static,,,shared,yes,100,u,n\n",
-        encoding="utf-8",
+        f"{header}\nx,s,u,l,m,trtllm,h100-sxm,1,fp8,{row},100,u,n\n", encoding="utf-8"
     )
-    with pytest.raises(BadInputError, match="static row needs input_len"):
+    with pytest.raises(BadInputError, match=message):
         load_baselines(tmp_path)
-    (tmp_path / "baselines.csv").write_text(
-        header + "\nx,s,u,l,m,trtllm,h100-sxm,1,fp8,8,steady,,,shared,yes,100,u,n\n",
-        encoding="utf-8",
-    )
-    with pytest.raises(BadInputError, match="load_kind"):
-        load_baselines(tmp_path)
-    (tmp_path / "baselines.csv").write_text(
-        header + "\nx,s,u,l,m,trtllm,h100-sxm,1,fp8,1,single-stream,,,shared,maybe,100,u,n\n",
-        encoding="utf-8",
-    )
-    with pytest.raises(BadInputError, match="batch_stated 'maybe'"):
-        load_baselines(tmp_path)
-    (tmp_path / "baselines.csv").write_text(
-        header + "\nx,s,u,l,m,trtllm,h100-sxm,1,fp8,8,steady,,,shared,yes,100,u,n\n",
-        encoding="utf-8",
-    )
-    with pytest.raises(BadInputError, match="load_kind"):
-        load_baselines(tmp_path)
-    (tmp_path / "baselines.csv").write_text(
-        header + "\nx,s,u,l,m,trtllm,h100-sxm,1,fp8,8,static,1,1,xqa,yes,100,u,n\n",
-        encoding="utf-8",
-    )
-    with pytest.raises(BadInputError, match="attention_kv"):
-        load_baselines(tmp_path)
+
+
+def test_a_missing_table_is_a_one_line_error(tmp_path: Path) -> None:
     with pytest.raises(BadInputError, match="cannot read"):
         load_baselines(tmp_path / "missing")
