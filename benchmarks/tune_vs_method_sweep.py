@@ -55,7 +55,12 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from spectool.decide.sweep_judge import BASE, bracketed_speedups, judge  # noqa: E402
+from spectool.decide.sweep_judge import (  # noqa: E402
+    BASE,
+    bracketed_speedups,
+    deployable_best,
+    judge,
+)
 from spectool.measure.runner import TrialConfig, measure  # noqa: E402
 from spectool.tuning.compare import method_requests, resolve_all  # noqa: E402
 from spectool.tuning.plan import METRICS_INTERVAL_S, make_driver, measurement_plan  # noqa: E402
@@ -255,6 +260,13 @@ def report(data: dict) -> bool:
     runs = data["runs"]
     ok = True
     print(f"\nsweep: {data['sweep_s']:.0f} s, {len(next(iter(scores.values())))} rounds; {what}")
+    deployable, plan = deployable_best(scores) if "rounds" in data else (None, {})
+    if deployable is not None:
+        print(
+            f"the best one-method deployment the sweep finds: {deployable} ("
+            + ", ".join(f"c={c}: {n}" for c, n in plan.items())
+            + "); 'one method' below is each run's share of it"
+        )
     for c, rounds in scores.items():
         means = {name: sum(r[name] for r in rounds) / len(rounds) for name in rounds[0]}
         best_name = max(means, key=means.get)
@@ -272,6 +284,10 @@ def report(data: dict) -> bool:
                 f"interval {j.low:.0%}-{j.high:.0%}: {j.verdict(QUALITY)}"
                 f"{'' if agree else ', on/off wrong'}"
             )
+            if c in plan:  # against the one-method deployment's configuration here
+                pair = [{n: r[n] for n in {name, plan[c]}} for r in rounds]
+                one = judge(pair, name)
+                row += f"; one method: {one.share:.0%} ({one.verdict(QUALITY)})"
         print(row)
     for i, run in enumerate(runs):
         print(f"tune run {i}: {run['wall_s']:.0f} s, {run['decision']['methods']['why']}")

@@ -120,3 +120,41 @@ def judge(
         high=math.exp(centre + half) if math.isfinite(half) else math.inf,
         rounds=n,
     )
+
+
+def deployable_best(
+    scores: Mapping[str, Sequence[Mapping[str, float]]],
+) -> tuple[str, dict[str, str]]:
+    """The best deployment a sweep finds that a deployment can run: one method, with its own
+    draft length per concurrency (a ``draft_len_schedule`` switches ``k``, never methods).
+    ``scores`` maps each concurrency to its rounds' speed-ups per configuration (``"METHOD
+    k=K"``, and :data:`BASE` at 1). Per method and concurrency its best mean configuration, or
+    the baseline where that is faster; the method whose schedule has the highest geometric
+    mean of mean speed-ups over the concurrencies wins (ties: the name). Returns the method and
+    its configuration per concurrency. (A schedule also caps later concurrencies' ``k`` at
+    the first one's; this reference does not, so it can only be stricter.)"""
+    if not scores:
+        raise BadInputError("sweep", "no concurrencies to judge against")
+
+    def mean(rounds: Sequence[Mapping[str, float]], name: str) -> float:
+        return sum(r[name] for r in rounds) / len(rounds)
+
+    names = {n for rounds in scores.values() for n in rounds[0]}
+    methods = sorted({n.split(" k=")[0] for n in names if n != BASE})
+    if not methods:
+        raise BadInputError("sweep", "no speculative configuration to judge against")
+    plans: dict[str, dict[str, str]] = {}
+    for method in methods:
+        plan = {}
+        for c, rounds in scores.items():
+            own = [n for n in rounds[0] if n.split(" k=")[0] == method] + [BASE]
+            plan[c] = max(sorted(own), key=lambda n, rounds=rounds: mean(rounds, n))
+        plans[method] = plan
+
+    def log_score(method: str) -> float:
+        return sum(
+            math.log(mean(scores[c], n) / mean(scores[c], BASE)) for c, n in plans[method].items()
+        )
+
+    best = max(methods, key=lambda m: (log_score(m), m))
+    return best, plans[best]

@@ -60,3 +60,27 @@ def test_a_choice_the_sweep_never_measured_is_an_error() -> None:
         judge([{"a": 1.0}], "b")
     with pytest.raises(BadInputError):
         judge([{"a": 1.0}, {"a": 1.0, "b": 2.0}], "a")
+
+
+def test_the_one_method_reference_is_the_best_schedule_a_deployment_can_run() -> None:
+    """The best configuration per concurrency may belong to different methods (n-gram at 1,
+    EAGLE-3 at 4); a deployment runs one method, so its reference is the method whose own best
+    schedule (off where the baseline is faster) has the best geometric-mean speed-up."""
+    from spectool.decide.sweep_judge import deployable_best
+
+    def rounds(**speedups: float) -> list[dict[str, float]]:
+        named = {name.replace("_k", " k="): v for name, v in speedups.items()}
+        return [{BASE: 1.0, **named}] * 3
+
+    scores = {
+        "1": rounds(ngram_k4=1.96, ngram_k2=1.70, eagle3_k3=1.60, eagle3_k4=1.62),
+        "4": rounds(ngram_k4=0.95, ngram_k2=1.05, eagle3_k3=1.14, eagle3_k4=1.10),
+        "16": rounds(ngram_k4=0.80, ngram_k2=0.90, eagle3_k3=0.97, eagle3_k4=0.93),
+    }
+    method, plan = deployable_best(scores)
+    assert method == "ngram"  # 1.96 x 1.05 beats 1.62 x 1.14
+    assert plan == {"1": "ngram k=4", "4": "ngram k=2", "16": BASE}
+    scores["1"] = rounds(ngram_k4=1.50, ngram_k2=1.40, eagle3_k3=1.45, eagle3_k4=1.40)
+    assert deployable_best(scores) == ("eagle3", {"1": "eagle3 k=3", "4": "eagle3 k=3", "16": BASE})
+    with pytest.raises(BadInputError):
+        deployable_best({"1": [{BASE: 1.0}]})
