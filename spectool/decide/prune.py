@@ -194,6 +194,8 @@ def against_best_method(
     to the bar; the cells are pruned when that exceeds the predictor's measured error, i.e.
     when even the interval's optimistic ends leave the method behind. Returns (pruned, a check
     per wanted cell, a note when pruned)."""
+    if not wanted:
+        return False, [], []
     concs = sorted(holds)
     bar = rival_score * (1.0 + tie_margin)
 
@@ -203,15 +205,15 @@ def against_best_method(
             per_c[c] = min(per_c[c], 1.0, ratio * (1.0 - shrink))
         return math.exp(sum(math.log(per_c[c]) for c in concs) / len(concs))
 
-    if not wanted or score(0.0) <= bar:
-        needed = 0.0 if wanted else math.inf
+    if score(0.0) <= bar:
+        needed = 0.0
     else:
         low, high = 0.0, 1.0  # score(high) -> 0 < bar: bisect the share that reaches the bar
         for _ in range(60):
             mid = (low + high) / 2.0
             low, high = (mid, high) if score(mid) > bar else (low, mid)
         needed = high
-    pruned = bool(wanted) and needed > error.margin
+    pruned = needed > error.margin
     checks = [
         PruneCheck("method", c, k, r, r * (1.0 - needed), needed, error.margin, pruned)
         for (c, k), r in sorted(wanted.items())
