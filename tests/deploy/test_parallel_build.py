@@ -38,22 +38,30 @@ L405_SIZES = {
 }
 
 
+def _write_405b_config(folder: Path, fixture: str, **extra: int) -> dict:
+    """``folder`` made, with ``fixture``'s config.json at Llama-3.1-405B's widths (and
+    ``extra``); the config written."""
+    folder.mkdir()
+    s = L405_SIZES
+    config = json.loads((fixture_dir(fixture) / "config.json").read_text())
+    config.update(
+        hidden_size=s["hidden"],
+        intermediate_size=s["inter"],
+        num_attention_heads=s["heads"],
+        num_key_value_heads=s["kv"],
+        **extra,
+    )
+    (folder / "config.json").write_text(json.dumps(config))
+    return config
+
+
 def _llama_405b(root: Path) -> Path:
     """A sparse bf16 checkpoint with Llama-3.1-405B's config and tensor shapes."""
     folder = root / "Llama-3.1-405B-Instruct"
     if folder.exists():
         return folder
-    folder.mkdir()
     s = L405_SIZES
-    config = json.loads((fixture_dir(LLAMA8B) / "config.json").read_text())
-    config.update(
-        hidden_size=s["hidden"],
-        intermediate_size=s["inter"],
-        num_hidden_layers=s["layers"],
-        num_attention_heads=s["heads"],
-        num_key_value_heads=s["kv"],
-    )
-    (folder / "config.json").write_text(json.dumps(config))
+    _write_405b_config(folder, LLAMA8B, num_hidden_layers=s["layers"])
     h, kv = s["hidden"], s["kv"] * 128
     layer = {
         "input_layernorm.weight": [h],
@@ -85,16 +93,8 @@ def _eagle3_405b(root: Path) -> Path:
     folder = root / "EAGLE3-Llama-3.1-405B"
     if folder.exists():
         return folder
-    folder.mkdir()
     s = L405_SIZES
-    config = json.loads((fixture_dir(EAGLE3_8B) / "config.json").read_text())
-    config.update(
-        hidden_size=s["hidden"],
-        intermediate_size=s["inter"],
-        num_attention_heads=s["heads"],
-        num_key_value_heads=s["kv"],
-    )
-    (folder / "config.json").write_text(json.dumps(config))
+    config = _write_405b_config(folder, EAGLE3_8B)
     h, kv, inter = s["hidden"], s["kv"] * 128, s["inter"]
     tensors = {
         "midlayer.self_attn.q_proj.weight": ("BF16", [h, 2 * h]),
