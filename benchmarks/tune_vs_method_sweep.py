@@ -30,12 +30,15 @@ sweep of every method and every draft length, on the embedded engine.
 Prints the table and the checks and writes ``OUT/benchmark.json``; exit 0 when every check
 holds in sample, 1 otherwise. ``--rejudge OUT`` judges a finished ``OUT/benchmark.json`` again
 without measuring (one written before the bracketing baselines is split into its rounds and
-judged on tokens/s, said so).
+judged on tokens/s, said so). ``--add-runs N --out OUT`` runs tune N more times against the
+sweep in ``OUT`` (its own settings, the engine unchanged) and judges them with the earlier runs;
+each run records the commit it ran on.
 
 Usage::
 
     python benchmarks/tune_vs_method_sweep.py --out out/msweep                   # built-in
     python benchmarks/tune_vs_method_sweep.py --rejudge out/msweep              # no measuring
+    python benchmarks/tune_vs_method_sweep.py --add-runs 3 --out out/msweep     # more tune runs
     python benchmarks/tune_vs_method_sweep.py --workload code --runs 5 --out out/ms-code
     python benchmarks/tune_vs_method_sweep.py --workload prose --runs 5 --out out/ms-prose
     python benchmarks/tune_vs_method_sweep.py --workload code.jsonl --concurrency 1,4,16 \
@@ -232,6 +235,34 @@ def run_tune(args: argparse.Namespace, out: Path) -> tuple[dict, float]:
     return json.loads((out / "decision.json").read_text()), wall
 
 
+def one_run(args: argparse.Namespace, out: Path) -> dict:
+    """One tune run, with the commit it ran on (runs added later may run on newer code)."""
+    decision, wall = run_tune(args, out)
+    head = subprocess.run(
+        ["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    return {"decision": decision, "wall_s": wall, "commit": head or "unknown"}
+
+
+def add_runs(out: Path, count: int) -> int:
+    """``count`` more tune runs against the sweep in ``out`` (its own settings), judged with
+    the earlier runs; ``OUT/benchmark.json`` is rewritten after each one (atomically)."""
+    path = out / "benchmark.json"
+    data = json.loads(path.read_text())
+    args = argparse.Namespace(**data["args"])
+    ok = False
+    for _ in range(count):
+        data["runs"].append(one_run(args, out / f"tune-{len(data['runs'])}"))
+        ok = report(data)
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(data | {"ok": ok}, indent=2))
+        tmp.replace(path)
+    return 0 if ok else 1
+
+
 def round_scores(data: dict) -> tuple[dict[str, list[dict[str, float]]], str]:
     """Per concurrency, each round's score per configuration, and what the scores are: speed-ups
     over the bracketing baselines, or (a benchmark.json from before them, which kept only each
@@ -290,7 +321,10 @@ def report(data: dict) -> bool:
                 row += f"; one method: {one.share:.0%} ({one.verdict(QUALITY)})"
         print(row)
     for i, run in enumerate(runs):
-        print(f"tune run {i}: {run['wall_s']:.0f} s, {run['decision']['methods']['why']}")
+        print(
+            f"tune run {i} (commit {run.get('commit', 'not recorded')}): {run['wall_s']:.0f} s, "
+            f"{run['decision']['methods']['why']}"
+        )
     print("all checks hold" if ok else "a check failed")
     return ok
 
@@ -308,9 +342,17 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("out/method-sweep"))
     parser.add_argument("--sweep-only", action="store_true")
     parser.add_argument("--rejudge", type=Path, default=None, help="judge OUT/benchmark.json again")
+    parser.add_argument(
+        "--add-runs",
+        type=int,
+        default=0,
+        help="run tune N more times against the finished sweep in --out (same settings)",
+    )
     args = parser.parse_args()
     if args.rejudge is not None:
         return 0 if report(json.loads((args.rejudge / "benchmark.json").read_text())) else 1
+    if args.add_runs:
+        return add_runs(args.out.resolve(), args.add_runs)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     if args.workload in ("code", "prose"):
@@ -318,10 +360,7 @@ def main() -> int:
     started = time.perf_counter()
     rates, rounds, methods = sweep(args, out)
     sweep_s = time.perf_counter() - started
-    runs = []
-    for i in range(0 if args.sweep_only else args.runs):
-        decision, wall = run_tune(args, out / f"tune-{i}")
-        runs.append({"decision": decision, "wall_s": wall})
+    runs = [one_run(args, out / f"tune-{i}") for i in range(0 if args.sweep_only else args.runs)]
     data = {
         "args": vars(args) | {"out": str(out), "rejudge": None},
         "sweep_s": sweep_s,
