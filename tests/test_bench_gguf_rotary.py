@@ -3,20 +3,12 @@ rotate-half rotary layout to GGML's interleaved one: the same rotation must come
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "engine_vs_llamacpp.py"
+from bench_support import load_benchmark
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("engine_vs_llamacpp", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("engine_vs_llamacpp.py")
 
 
 def rope_tables(dim: int, pos: int) -> tuple[np.ndarray, np.ndarray]:

@@ -7,49 +7,26 @@ finish together. The prediction is for batch c, so the measurement must be too.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from bench_support import load_benchmark
 
 from spectool.engine.records import IterationStats
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "predict_cpu.py"
-
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("predict_cpu", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("predict_cpu.py")
 
 
 def step(ms: float, decoded: int, accepted: int, new: int = 0) -> IterationStats:
     """One k=1 iteration: ``decoded`` sequences, ``accepted`` of their drafts accepted."""
     return IterationStats(
-        timestamp=0.0,
-        iter=0,
-        iter_latency_ms=ms,
-        num_active_requests=decoded,
-        num_queued_requests=0,
-        num_new_active_requests=new,
-        num_completed_requests=0,
-        max_batch_size=8,
-        max_num_tokens=8 * 256,
-        used_num_tokens=0,
-        prefill_ms=0.0,
-        draft_ms=0.0,
-        verify_ms=ms,
-        coord_ms=0.0,
-        draft_len=1,
-        num_draft_tokens=decoded,
-        num_accepted_tokens=accepted,
-        num_requests_with_draft_tokens=decoded,
-        accepted_per_pos=(accepted,),
-        drafted_per_pos=(decoded,),
-        num_decoded_requests=decoded,
-    )
+        timestamp=0.0, iter=0, iter_latency_ms=ms, num_active_requests=decoded,
+        num_queued_requests=0, num_new_active_requests=new, num_completed_requests=0,
+        max_batch_size=8, max_num_tokens=8 * 256, used_num_tokens=0, prefill_ms=0.0,
+        draft_ms=0.0, verify_ms=ms, coord_ms=0.0, draft_len=1, num_draft_tokens=decoded,
+        num_accepted_tokens=accepted, num_requests_with_draft_tokens=decoded,
+        accepted_per_pos=(accepted,), drafted_per_pos=(decoded,), num_decoded_requests=decoded,
+    )  # fmt: skip
 
 
 def test_only_steps_at_the_cells_concurrency_are_counted() -> None:
