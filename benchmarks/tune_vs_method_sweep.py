@@ -64,6 +64,7 @@ from spectool.decide.sweep_judge import (  # noqa: E402
     deployable_best,
     judge,
 )
+from spectool.io import atomic_write_text  # noqa: E402
 from spectool.measure.runner import TrialConfig, measure  # noqa: E402
 from spectool.tuning.compare import method_requests, resolve_all  # noqa: E402
 from spectool.tuning.plan import METRICS_INTERVAL_S, make_driver, measurement_plan  # noqa: E402
@@ -257,9 +258,7 @@ def add_runs(out: Path, count: int) -> int:
     for _ in range(count):
         data["runs"].append(one_run(args, out / f"tune-{len(data['runs'])}"))
         ok = report(data)
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(data | {"ok": ok}, indent=2))
-        tmp.replace(path)
+        atomic_write_text(path, json.dumps(data | {"ok": ok}, indent=2))
     return 0 if ok else 1
 
 
@@ -371,7 +370,7 @@ def main() -> int:
         "runs": runs,
     }
     ok = report(data)
-    (out / "benchmark.json").write_text(json.dumps(data | {"ok": ok}, indent=2))
+    atomic_write_text(out / "benchmark.json", json.dumps(data | {"ok": ok}, indent=2))
     return 0 if ok else 1
 
 

@@ -7,10 +7,6 @@ import numpy as np
 from bench_support import load_benchmark
 
 
-def load_bench():
-    return load_benchmark("engine_vs_llamacpp.py")
-
-
 def rope_tables(dim: int, pos: int) -> tuple[np.ndarray, np.ndarray]:
     inv = 10000.0 ** (-np.arange(0, dim, 2) / dim)  # [dim/2]
     return np.cos(pos * inv), np.sin(pos * inv)
@@ -32,7 +28,7 @@ def rotate_interleaved(x: np.ndarray, pos: int) -> np.ndarray:  # GGML "normal" 
 
 
 def test_permuted_rows_rotate_like_rotate_half() -> None:
-    bench = load_bench()
+    bench = load_benchmark("engine_vs_llamacpp.py")
     heads, dim, hidden = 2, 8, 5
     rng = np.random.default_rng(0)
     weight = rng.standard_normal((heads * dim, hidden))  # HF [out, in]
@@ -53,7 +49,7 @@ def test_permuted_rows_rotate_like_rotate_half() -> None:
 
 
 def test_permutation_is_a_row_reordering_per_head() -> None:
-    bench = load_bench()
+    bench = load_benchmark("engine_vs_llamacpp.py")
     weight = np.arange(16 * 3).reshape(16, 3).astype(np.float64)
     permuted = bench.permute_rotary(weight, 2)
     # head 0 rows 0..7: rotate-half pairs (0,4),(1,5),(2,6),(3,7) become adjacent

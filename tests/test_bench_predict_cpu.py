@@ -13,10 +13,6 @@ from bench_support import load_benchmark
 from spectool.engine.records import IterationStats
 
 
-def load_bench():
-    return load_benchmark("predict_cpu.py")
-
-
 def step(ms: float, decoded: int, accepted: int, new: int = 0) -> IterationStats:
     """One k=1 iteration: ``decoded`` sequences, ``accepted`` of their drafts accepted."""
     return IterationStats(
@@ -30,7 +26,7 @@ def step(ms: float, decoded: int, accepted: int, new: int = 0) -> IterationStats
 
 
 def test_only_steps_at_the_cells_concurrency_are_counted() -> None:
-    bench = load_bench()
+    bench = load_benchmark("predict_cpu.py")
     stats = [
         step(30.0, 4, 0, new=4),  # the prefill step: never counted
         step(10.0, 4, 2),  # 6 tokens
@@ -46,6 +42,6 @@ def test_only_steps_at_the_cells_concurrency_are_counted() -> None:
 
 
 def test_a_run_with_no_step_at_the_concurrency_is_an_error_not_a_figure() -> None:
-    bench = load_bench()
+    bench = load_benchmark("predict_cpu.py")
     with pytest.raises(ValueError, match="no decode step carried all 4 sequences"):
         bench.decode_ms_per_token([step(5.0, 1, 0)], 4)
