@@ -237,14 +237,14 @@ def run_tune(args: argparse.Namespace, out: Path) -> tuple[dict, float]:
 
 
 def one_run(args: argparse.Namespace, out: Path) -> dict:
-    """One tune run, with the commit it ran on (runs added later may run on newer code)."""
-    decision, wall = run_tune(args, out)
+    """One tune run, with the commit it started on (runs added later may run on newer code)."""
     head = subprocess.run(
         ["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"],
         capture_output=True,
         text=True,
         check=False,
     ).stdout.strip()
+    decision, wall = run_tune(args, out)
     return {"decision": decision, "wall_s": wall, "commit": head or "unknown"}
 
 
