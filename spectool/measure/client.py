@@ -323,17 +323,29 @@ class StreamingClient:
         request_id: str,
         max_tokens: int,
         options: RequestOptions | None = None,
+        on_first_chunk: Callable[[], None] | None = None,
     ) -> StreamResult:
         """Send ``prompt`` once, streaming; never raises for server or network failures.
+
+        ``on_first_chunk`` is called once, when the first chunk with choices arrives (the
+        request has left the server's prefill), or when the request ends without one.
 
         A server that refuses ``continuous_usage_stats`` (HTTP 400 naming it, as strict OpenAI
         schemas do) gets the request again without it, and never again from this client
         (:attr:`continuous_usage_refused`).
         """
         options = options or RequestOptions()
+        fired = on_first_chunk is None
+
+        def first() -> None:
+            nonlocal fired
+            if not fired:
+                fired = True
+                on_first_chunk()  # type: ignore[misc]  # not None while fired is False
+
         if options.continuous_usage and self.continuous_usage_refused:
             options = dataclasses.replace(options, continuous_usage=False)
-        result = await self._stream_once(prompt, request_id, max_tokens, options)
+        result = await self._stream_once(prompt, request_id, max_tokens, options, first)
         error = result.record.error or ""
         if (
             options.continuous_usage
@@ -342,11 +354,17 @@ class StreamingClient:
         ):
             self.continuous_usage_refused = True
             options = dataclasses.replace(options, continuous_usage=False)
-            result = await self._stream_once(prompt, request_id, max_tokens, options)
+            result = await self._stream_once(prompt, request_id, max_tokens, options, first)
+        first()  # ended without a chunk: never leave a caller waiting
         return result
 
     async def _stream_once(
-        self, prompt: Prompt, request_id: str, max_tokens: int, options: RequestOptions
+        self,
+        prompt: Prompt,
+        request_id: str,
+        max_tokens: int,
+        options: RequestOptions,
+        on_first_chunk: Callable[[], None] | None = None,
     ) -> StreamResult:
         body = request_body(self.model, prompt, max_tokens, options)
         api = request_api(prompt, options)
@@ -382,6 +400,8 @@ class StreamingClient:
                             error = f"server error in stream: {json.dumps(obj['error'])[:200]}"
                             break
                         choices = obj.get("choices") or []
+                        if choices and on_first_chunk is not None:
+                            on_first_chunk()
                         text = ""
                         for choice in choices:
                             text += _chunk_text(choice, api)

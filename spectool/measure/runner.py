@@ -180,20 +180,40 @@ async def _closed_loop(
     concurrency: int,
     num_requests: int,
     deadline_s: float | None,
-    send: Callable[[int], Any],
+    send: Callable[[int, Callable[[], None] | None], Any],
 ) -> None:
+    """``concurrency`` users, each sending its next request when its last one ends.
+
+    The users join one at a time: each sends its first request once the previous user's
+    first request has its first token (it has left the server's prefill). Started together,
+    requests of one output length would run in lockstep for ever: all prefilled in one step,
+    all finishing on one step, all replaced at once, so no prefill ever stalls another
+    request's decoding. No real traffic does that, and it flatters the configuration whose
+    requests finish together (without speculation they do; with it they finish apart and
+    each arrival's prefill stalls the others): measured on the embedded engine, code prompts,
+    concurrency 4, draft_model k=2, blocks of 16 requests, 10 interleaved rounds: 0.84x in
+    lockstep, 1.10x with users joining one at a time, 1.12x with the same prompts at
+    staggered output lengths (CHANGELOG, 2026-12-04).
+    """
     next_index = 0
+    users = min(concurrency, num_requests)
+    joined = [asyncio.Event() for _ in range(users)]
 
-    async def worker() -> None:
+    async def user(u: int) -> None:
         nonlocal next_index
-        while next_index < num_requests and (
-            deadline_s is None or time.perf_counter() < deadline_s
-        ):
-            index = next_index
-            next_index += 1
-            await send(index)
+        if u > 0:
+            await joined[u - 1].wait()
+        try:
+            while next_index < num_requests and (
+                deadline_s is None or time.perf_counter() < deadline_s
+            ):
+                index = next_index
+                next_index += 1
+                await send(index, None if joined[u].is_set() else joined[u].set)
+        finally:
+            joined[u].set()  # the next user never waits on one that stopped
 
-    await asyncio.gather(*(worker() for _ in range(min(concurrency, num_requests))))
+    await asyncio.gather(*(user(u) for u in range(users)))
 
 
 async def _open_loop(
@@ -235,13 +255,14 @@ async def run_trial(
         )
     n_prompts = len(prompts)
 
-    async def warm(index: int) -> None:
+    async def warm(index: int, on_first_chunk: Callable[[], None] | None = None) -> None:
         prompt = prompts[-(index + 1) % n_prompts]
         await client.stream(
             prompt,
             request_id=f"warmup-{index}",
             max_tokens=_max_tokens(prompt, config),
             options=config.request,
+            on_first_chunk=on_first_chunk,
         )
 
     if config.warmup_requests:
@@ -254,7 +275,7 @@ async def run_trial(
         await poller.poll_once(keep=False)
     results: dict[int, StreamResult] = {}
 
-    async def send(index: int) -> None:
+    async def send(index: int, on_first_chunk: Callable[[], None] | None = None) -> None:
         order = config.prompt_indices
         position = order[index % len(order)] if order else config.prompt_offset + index
         prompt = prompts[position % n_prompts]
@@ -263,6 +284,7 @@ async def run_trial(
             request_id=f"r{index:05d}",
             max_tokens=_max_tokens(prompt, config),
             options=config.request,
+            on_first_chunk=on_first_chunk,
         )
         results[index] = result
         if progress is not None:

@@ -243,3 +243,40 @@ def test_a_chat_log_request_against_the_server(server_url: str) -> None:
     result = asyncio.run(main())
     _check_ok(result, 6)
     assert result.record.chunk_token_counts[0] == 0  # the chat stream's role chunk
+
+
+def _first_chunk_calls(events: str, status: int = 200) -> tuple[list[float], StreamResult]:
+    """Times at which ``on_first_chunk`` fired for one request answered with ``events``."""
+    import httpx
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(status, text=events, headers={"content-type": "text/event-stream"})
+
+    calls: list[float] = []
+
+    async def main() -> StreamResult:
+        import time
+
+        http = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+        async with http, StreamingClient("http://test", "m", http=http) as client:
+            return await client.stream(
+                PROMPT,
+                request_id="r0",
+                max_tokens=4,
+                on_first_chunk=lambda: calls.append(time.perf_counter()),
+            )
+
+    return calls, asyncio.run(main())
+
+
+def test_on_first_chunk_fires_once_at_the_first_chunk_and_for_a_failed_request() -> None:
+    import json
+
+    chunk = {"choices": [{"index": 0, "text": "x"}]}
+    events = "".join(f"data: {json.dumps(chunk)}\n\n" for _ in range(3)) + "data: [DONE]\n\n"
+    calls, result = _first_chunk_calls(events)
+    assert result.record.error is None and len(result.record.chunk_times_s) == 3
+    assert len(calls) == 1 and calls[0] <= result.record.chunk_times_s[1]
+    # no chunk at all (the server refused): the caller is told anyway, once, so nobody waits
+    calls, result = _first_chunk_calls("overloaded", status=503)
+    assert result.record.error is not None and len(calls) == 1

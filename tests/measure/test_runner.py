@@ -57,6 +57,63 @@ def test_closed_loop_records(ladder, prompts: list[Prompt]) -> None:
     assert _max_in_flight(c4) == 4
 
 
+def test_closed_loop_users_join_one_at_a_time(ladder) -> None:
+    """Each of the 4 users sends its first request only once the one before has its first
+    token: started together, equal-length requests would run in lockstep (module docstring of
+    ``spectool.measure.runner``, ``_closed_loop``)."""
+    _, (_, c4), _, _ = ladder
+    joins, ended = [], []  # a user's first request; the requests a user has finished
+    for record in sorted(c4.records, key=lambda r: r.send_time_s):
+        free = [e for e in ended if e.end_time_s <= record.send_time_s]
+        if free:  # a user sending its next request (short requests end before all joined)
+            ended.remove(free[0])
+        else:
+            joins.append(record)
+        ended.append(record)
+    assert len(joins) == 4
+    for before, after in zip(joins[:-1], joins[1:], strict=True):
+        assert before.first_token_time_s is not None
+        assert after.send_time_s >= before.first_token_time_s
+
+
+def test_closed_loop_users_join_after_the_previous_first_token() -> None:
+    import asyncio
+
+    from spectool.measure.runner import _closed_loop
+
+    log: list[tuple[str, int]] = []
+
+    async def send(index: int, on_first_chunk) -> None:  # noqa: ANN001
+        log.append(("send", index))
+        await asyncio.sleep(0.01)
+        if on_first_chunk is not None:
+            log.append(("first", index))
+            on_first_chunk()
+        await asyncio.sleep(0.03)
+
+    asyncio.run(_closed_loop(3, 7, None, send))
+    assert sorted(i for kind, i in log if kind == "send") == list(range(7))
+    firsts = [i for kind, i in log if kind == "first"]  # one per user: its first request
+    assert firsts == [0, 1, 2]
+    for before, after in zip(firsts[:-1], firsts[1:], strict=True):
+        assert log.index(("send", after)) > log.index(("first", before))
+    # in flight at once: all three users, once they have joined
+    assert log.index(("send", 2)) < log.index(("send", 3))
+
+    # fewer requests than users: only as many users; a request that fails before its first
+    # token (the callback never called) does not keep the next user waiting
+    sent: list[int] = []
+
+    async def silent(index: int, on_first_chunk) -> None:  # noqa: ANN001
+        sent.append(index)
+        if index == 0:
+            raise RuntimeError("refused")
+
+    with pytest.raises(RuntimeError):
+        asyncio.run(_closed_loop(4, 2, None, silent))
+    assert sent == [0, 1]
+
+
 def test_metrics_polled_parsed_and_warmup_excluded(ladder, prompts: list[Prompt]) -> None:
     configs, results, _, _ = ladder
     for config, result in zip(configs, results, strict=True):
