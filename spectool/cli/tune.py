@@ -215,6 +215,7 @@ def _sigterm_as_interrupt(stop: _StopRequest) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    import asyncio  # the load generator's; imported here, never inside the handler
 
     def handler(_signum: int, _frame: FrameType | None) -> None:
         stop.requested = True
@@ -225,12 +226,25 @@ def _sigterm_as_interrupt(stop: _StopRequest) -> Iterator[None]:
             # never runs again, so the loop's shutdown waits forever (a SIGTERMed tune hung 20+
             # minutes). Outside a loop, SIGINT's default handler raises it at once.
             signal.raise_signal(signal.SIGINT)
-        else:  # SIGINT ignored (started in the background by a shell): no handler to borrow
+            return
+        # SIGINT ignored (started in the background by a shell without job control, as
+        # ``nohup spectool tune ... &`` in a script): asyncio then installs no SIGINT handler,
+        # so do what it would do, cancel the loop's tasks and wake it; the CancelledError
+        # that asyncio.run then raises becomes KeyboardInterrupt below.
+        loop = asyncio._get_running_loop()  # this thread's running loop, or None
+        if loop is None:
             raise KeyboardInterrupt
+        for task in asyncio.all_tasks(loop):
+            task.cancel()
+        loop.call_soon_threadsafe(lambda: None)
 
     previous = signal.signal(signal.SIGTERM, handler)
     try:
         yield
+    except asyncio.CancelledError:
+        if not stop.requested:
+            raise
+        raise KeyboardInterrupt from None
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -370,6 +384,8 @@ def tune(
 
     requests = method_requests(request)
     stop = _StopRequest()
+    from asyncio import CancelledError
+
     with _sigterm_as_interrupt(stop):
         live = err_console.is_terminal and not as_json
         try:
@@ -380,7 +396,7 @@ def tune(
                 result, rates, found = _run(requests, PlainTuneProgress(), stop)
             else:
                 result, rates, found = _run(requests, None, stop)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, CancelledError):  # CancelledError: SIGTERM, SIGINT ignored
             err_console.print(
                 f"stopped; finished trials are saved under {Path(out)}: rerun with --resume to "
                 "continue",

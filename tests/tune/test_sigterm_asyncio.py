@@ -16,7 +16,12 @@ import pytest
 from spectool.cli.tune import _sigterm_as_interrupt, _StopRequest
 
 
-def test_sigterm_inside_asyncio_cancels_the_task_and_its_cleanup_runs() -> None:
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_sigterm_inside_asyncio_cancels_the_task_and_its_cleanup_runs(sigint: str) -> None:
+    """Both ways a tune starts: in the foreground (SIGINT's default handler, which asyncio.run
+    borrows) and in the background from a shell without job control (SIGINT ignored, as
+    ``nohup spectool tune ... &`` in a script): there asyncio installs no handler of its own,
+    and a KeyboardInterrupt raised from the SIGTERM handler used to land inside the task."""
     seen: list[str] = []
 
     async def load() -> None:
@@ -36,10 +41,15 @@ def test_sigterm_inside_asyncio_cancels_the_task_and_its_cleanup_runs() -> None:
             seen.append("cleaned up")
 
     stop = _StopRequest()
-    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
-    started = time.monotonic()
-    with _sigterm_as_interrupt(stop), pytest.raises(KeyboardInterrupt):
-        asyncio.run(load())
+    handler = signal.default_int_handler if sigint == "default" else signal.SIG_IGN
+    previous = signal.signal(signal.SIGINT, handler)  # whatever state pytest was started in
+    try:
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt), _sigterm_as_interrupt(stop):
+            asyncio.run(load())
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert stop.requested
     assert seen == ["cancelled", "cleaned up"]
     assert time.monotonic() - started < 5
