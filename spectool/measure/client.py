@@ -402,6 +402,7 @@ class StreamingClient:
                         choices = obj.get("choices") or []
                         if choices and on_first_chunk is not None:
                             on_first_chunk()
+                            on_first_chunk = None  # once: not again on every chunk
                         text = ""
                         for choice in choices:
                             text += _chunk_text(choice, api)
