@@ -12,8 +12,9 @@ the same speculative run (an input, as ``tune`` would give it). Nothing is fitte
 CPU/wall share (one thread), so time stolen by other processes drops out.
 
 Design against a shared, noisy machine: every round runs the probe, then for each concurrency
-the baseline and each k in A B A B order (base, k=1, base, k=2, ...), so each speculative run
-has a baseline beside it; ms per token counts decode iterations only (prefill excluded:
+the baseline and each k in B S B S ... B order (base, k=1, base, k=2, ..., base), so each
+speculative run is judged against the mean of the baseline runs before and after it
+(:func:`bracketed_ratios`); ms per token counts decode iterations only (prefill excluded:
 ``iter_latency_ms`` of iterations that admitted nothing, over the tokens they confirmed) and
 only those that carry all c sequences (see :func:`decode_ms_per_token`). The
 table shows, per cell, the median over rounds of predicted and measured ratio, the measured
@@ -65,6 +66,19 @@ def decode_ms_per_token(stats: list, batch: int) -> tuple[float, list[int], list
     if not tokens:
         raise ValueError(f"no decode step carried all {batch} sequences")
     return ms / tokens, accepted, drafted
+
+
+def bracketed_ratios(spec_ms: list[float], base_ms: list[float]) -> list[float]:
+    """Each speculative run's ms per token over the mean of the baseline runs just before and
+    just after it (``base_ms`` holds one more run than ``spec_ms``: B S B S ... B).
+
+    One baseline run beside each speculative one left a cell's ratio to that run's luck: at
+    c=4, k=1 the per-round ratios of one run spread 0.80-1.23 while the baseline's own step
+    wandered 6.9-9.0 ms between runs a second apart. Bracketing cancels a drift that is linear
+    over the pair and halves the baseline's share of the noise."""
+    if len(base_ms) != len(spec_ms) + 1:
+        raise ValueError("need one baseline run before each speculative run and one after the last")
+    return [s / ((base_ms[i] + base_ms[i + 1]) / 2.0) for i, s in enumerate(spec_ms)]
 
 
 def main() -> int:
@@ -158,16 +172,21 @@ def main() -> int:
             drafter_factors=probe_d.factors,
         )
         for c in concurrencies:
+            bases = [run(base, c)[0]]
+            specs = []
             for k in ks:
-                base_ms, _, _ = run(base, c)
                 spec.set_draft_len(k)
-                spec_ms, acc, drafted = run(spec, c)
+                specs.append(run(spec, c))
+                bases.append(run(base, c)[0])
+            for k, (_, acc, drafted), ratio in zip(
+                ks, specs, bracketed_ratios([s[0] for s in specs], bases), strict=True
+            ):
                 counts = PositionCounts.from_drafted(acc[:k], drafted[:k])
                 acceptance = Acceptance.from_counts(counts, "measured in this run")
                 tokens = acceptance.tokens_per_step(k) or 1.0
                 step = setup.spec_step(c, k, tokens, acceptance.all_accepted(k))
                 predicted.setdefault((c, k), []).append(step / (tokens * setup.base_step(c)))
-                measured.setdefault((c, k), []).append(spec_ms / base_ms)
+                measured.setdefault((c, k), []).append(ratio)
                 alens.setdefault((c, k), []).append(tokens)
     elapsed = time.perf_counter() - t_start
 

@@ -45,3 +45,13 @@ def test_a_run_with_no_step_at_the_concurrency_is_an_error_not_a_figure() -> Non
     bench = load_benchmark("predict_cpu.py")
     with pytest.raises(ValueError, match="no decode step carried all 4 sequences"):
         bench.decode_ms_per_token([step(5.0, 1, 0)], 4)
+
+
+def test_each_speculative_run_is_judged_against_the_baselines_on_both_sides() -> None:
+    bench = load_benchmark("predict_cpu.py")
+    # the machine slows steadily (baselines 10, 12, 14 ms); each run against the baseline
+    # before it reads 1.10 and 1.08 where speculation costs nothing; the bracket reads 1.0
+    ratios = bench.bracketed_ratios([11.0, 13.0], [10.0, 12.0, 14.0])
+    assert ratios == pytest.approx([1.0, 1.0])
+    with pytest.raises(ValueError, match="one baseline run before each"):
+        bench.bracketed_ratios([11.0, 13.0], [10.0, 12.0])
