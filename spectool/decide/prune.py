@@ -235,43 +235,6 @@ def against_best_method(
     )
 
 
-def neighbours_beside(
-    wanted: Sequence[tuple[int, int]],
-    predicted: Mapping[tuple[int, int], float],
-    error: PredictionError,
-    first: int,
-    first_k: int,
-    max_draft_len: int,
-) -> dict[tuple[int, int], list[tuple[int, int]]]:
-    """Per confirmation cell ``(c, k)``, the neighbouring draft length (``k - 1`` or ``k + 1``,
-    the better predicted) to measure beside it in the same rounds, when its prediction lies
-    within ``error`` of the confirmation cell's (its margin at most the error). No concurrency
-    above ``first`` takes a draft length above ``first_k`` (a schedule could not write it).
-
-    Why: the predictor ranks neighbouring draft lengths a few per cent apart, well inside its
-    error. On the code workload at concurrency 4 it put k=2 and k=3 at 0.654 and 0.655 while a
-    sweep measured speed-ups of 1.09x and 1.20x; on prose it ranked k=4 over k=3 by 3 % where
-    the sweep had k=3 9 % faster. A neighbour measured on its own, minutes apart, is told from
-    the choice by noise: on the 16 recorded demo grids (one pass per cell) measuring each
-    choice's neighbours and keeping the better point estimate took the replays at 95 % of the
-    best from 16 to 8. Measured in the same rounds, the two share their baseline blocks, their
-    prompts and their minute."""
-    out: dict[tuple[int, int], list[tuple[int, int]]] = {}
-    for c, k in wanted:
-        top = max_draft_len if c == first else first_k
-        options = [
-            (c, kn)
-            for kn in (k - 1, k + 1)
-            if 1 <= kn <= top and (c, kn) in predicted and (c, k) in predicted
-        ]
-        if not options:
-            continue
-        near = min(options, key=lambda key: (predicted[key], key[1]))
-        if margin_needed(predicted[near], predicted[(c, k)]) <= error.margin:
-            out[(c, k)] = [near]
-    return out
-
-
 def left_to_prediction(
     predictions: Sequence[CellPrediction],
     verdicts: Sequence[CellVerdict],

@@ -27,10 +27,7 @@ an earlier, interrupted run are passed in and never measured again. The search, 
    first concurrency). Every draft length is a server start (minutes for TensorRT-LLM), so the
    draft lengths are chosen to be few (:func:`confirmation_cells`: a greedy hitting set, cells
    already measured first) and their cells are measured grouped by ``k``
-   (:func:`server_order`). Where the server measures several cells in the same rounds
-   (``together``), each confirmation cell takes its closest-predicted neighbouring draft
-   length beside it: the model ranks neighbours a few per cent apart, inside its measured
-   error, and two cells measured in the same rounds are told apart by measurement.
+   (:func:`server_order`).
 6. **Decide** from measurements only, every measured cell included (finished ones too): at each
    concurrency, among the cells whose bootstrap interval lies below 1 (``pays``), the one with the
    lowest measured step cost over tokens per step from acceptance pooled across the
@@ -84,7 +81,6 @@ from spectool.decide.prune import (
     against_best_method,
     against_rival,
     left_to_prediction,
-    neighbours_beside,
     prediction_error,
 )
 from spectool.decide.result import CellKey, PredictionCheck, TuneResult
@@ -129,7 +125,6 @@ def tune(
     prior_step: Callable[[float, int], float] | None = None,
     error: PredictionError | None = None,
     objective: str = "steps",
-    together: Callable[[Sequence[CellKey]], None] | None = None,
 ) -> TuneResult:
     """Search draft lengths ``0..max_draft_len`` at ``concurrencies``; see the module docstring.
 
@@ -157,12 +152,6 @@ def tune(
     unit), for servers that restart per draft length. The plan then measures no ``k = 1`` cost
     cell (a server start fewer unless ``k = 1`` is confirmed later): that cell's step cost is the measured ``k = K`` step at the
     smallest concurrency times the prior's ``k=1 / k=K`` ratio, and a note says so.
-
-    ``together(keys)``: the server can measure several cells of one concurrency in the same
-    rounds (the embedded engine's joint cells, :mod:`spectool.tuning.joint`). Each
-    confirmation cell is then measured with its neighbouring draft length beside it
-    (:func:`~spectool.decide.prune.neighbours_beside`): ``together`` is called with the
-    group's unmeasured cells before ``measure`` is asked for them one by one.
     """
     concs = tuple(sorted(set(concurrencies)))
     if not concs or concs[0] < 1:
@@ -309,32 +298,10 @@ def tune(
             prune_checks += checks
             notes += pruned
         wanted = confirmation_cells(writable, close_margin, measured=set(plan))
-        beside = (
-            neighbours_beside(wanted, by_prediction, error, concs[0], k1, max_draft_len)
-            if together is not None
-            else {}
-        )
-        contending = [*wanted, *(n for ns in beside.values() for n in ns)]
         for key in server_order(wanted, last_k=plan[-1][1]):
-            if not in_contention(contending):
+            if not in_contention(wanted):
                 break
-            group = [key, *beside.get(key, ())]
-            missing = [g for g in group if g not in cells]
-            if together is not None and len(missing) > 1:
-                together(missing)
-            for g in group:
-                get(*g)
-        if beside:
-            notes.append(
-                "measured beside the confirmation cell, in the same rounds (the predictor "
-                f"ranks neighbouring draft lengths within its measured error of {error.margin:.0%}): "
-                + ", ".join(
-                    f"c={c} k={kn} (predicted {by_prediction[(c, kn)]:.3f}) beside k={k0} "
-                    f"({by_prediction[(c, k0)]:.3f})"
-                    for (c, k0), ns in sorted(beside.items())
-                    for _, kn in ns
-                )
-            )
+            get(*key)
     else:
         notes.append(
             "no acceptance counts or step times: nothing to predict from, measured the full grid"

@@ -21,13 +21,8 @@ cells at one concurrency together: a *joint cell* of arms ``baseline, (m1, k1), 
   the two best methods' arms are *decided* head to head (:func:`spectool.decide.duel.decided`:
   equivalent within ``TIE_MARGIN``, or one proven faster), or over budget, or at the most pairs.
   So the extra rounds a close comparison needs are spent where it is close.
-* Two draft lengths of one method may race in one cell (a search's confirmation cell with its
-  neighbour beside it, :func:`spectool.decide.tune.tune`'s ``together``): the leading
-  method's two best arms are then also decided head to head before the cell stops, or it runs
-  over budget or to the most pairs.
 * An arm *retires* at a look where its own rule has stopped (settled, or over budget) and it is
-  not one of the two leading methods (nor the leading method's second draft length): later
-  rounds measure only the arms still in the race. Its
+  not one of the two leading methods: later rounds measure only the arms still in the race. Its
   cell is what it holds at that look, the look where its search alone would have stopped, so
   its replay is unchanged; a four-method comparison then pays the extra rounds of a close
   duel for two arms, not four.
@@ -76,9 +71,9 @@ INDEX_NAME = "joint.jsonl"
 class Wanted(Exception):  # noqa: N818 (a signal, not an error)
     """A dry search wants the paired cell ``(c, k)``, which ``trials.jsonl`` lacks."""
 
-    def __init__(self, c: int, k: int, also: tuple[int, ...] = ()) -> None:
+    def __init__(self, c: int, k: int) -> None:
         super().__init__(f"cell (concurrency={c}, k={k}) not measured yet")
-        self.c, self.k, self.also = c, k, also  # also: draft lengths wanted in the same rounds
+        self.c, self.k = c, k
 
 
 class Ready(Exception):  # noqa: N818
@@ -234,23 +229,17 @@ def measure_joint(
         over = all(over_budget(spent[arm], budget_s, len(rounds)) for arm in active)
         ratios = {arm: estimates[arm].ratio for arm in arms}
         lead = leading_arms(cells, ratios)
-        # the leading method's own arms, best first: two draft lengths measured side by side
-        own = sorted((a for a in cells if lead and a.method == lead[0].method), key=ratios.get)
         compared = True
-        for pair in (lead[:2], own[:2]):
-            if len(pair) == 2 and ratios[lead[0]] < threshold:
-                a, b = pair
-                duel = duel_estimate(
-                    duel_pairs(a, b, rounds), (str(a), str(b)), objective=objective
-                )
-                compared &= decided(duel, confidence=confidence, margin=TIE_MARGIN, looks=looks)
-        keep = {*lead[:2], *own[:2]}
+        if len(lead) >= 2 and ratios[lead[0]] < threshold:
+            a, b = lead[0], lead[1]
+            duel = duel_estimate(
+                duel_pairs(a, b, rounds), (a.method, b.method), objective=objective
+            )
+            compared = decided(duel, confidence=confidence, margin=TIE_MARGIN, looks=looks)
         beaten = _beaten(
             active, done, lead, ratios, rounds, threshold, confidence, looks, objective
         )
         for arm in active:
-            if arm in keep:
-                continue
             if arm in beaten:
                 out_raced[arm] = (len(rounds), lead[0], SLOWER)
             elif _spent_out_of_race(arm, done, lead, ratios, threshold, spent[arm], budget_s):
@@ -260,7 +249,7 @@ def measure_joint(
             done.add(arm)
         if done == set(active) and (compared or over):
             break
-        active = [arm for arm in active if arm not in done or arm in keep]
+        active = [arm for arm in active if arm not in done or arm in lead[:2]]
     # the last round is always a look (max_pairs is a whole number of looks): cells hold them all
     return JointCell(c, arms, tuple(rounds), cells, out_raced)
 

@@ -30,7 +30,7 @@ deciding from the requests that happened to succeed; ``--resume`` measures such 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Protocol
@@ -152,7 +152,6 @@ def run_tune(
 
     started = time.perf_counter()
     req = resolved.request
-    joint = driver is not None  # a shared server measuring methods' cells in joint rounds
     if resolved.engine == "trtllm":  # before anything is written: the install hint, exit 2
         from spectool.trtllm.launch import find_trtllm_serve
 
@@ -305,12 +304,6 @@ def run_tune(
             check_requests([*spec_trials, *base_trials], where)
             return spec_trials[0], base_trials[0]
 
-        def together(keys: Sequence[CellKey]) -> None:
-            """Cells of one concurrency wanted in the same rounds: one joint cell."""
-            if dry and driver.interleaves:
-                (c, k), rest = keys[0], keys[1:]
-                raise Wanted(c, k, also=tuple(kk for _, kk in rest))
-
         def measure_after(c: int) -> CellMeasurement:
             config = plan.after_config(c)
             trial = saved.get(config.key())
@@ -336,7 +329,6 @@ def run_tune(
             rival=rival,
             prior_step=prior_step,
             objective=req.objective,
-            together=together if joint and driver.interleaves else None,
         )
         server_starts = driver.starts
     servers = _servers_ledger(driver, concurrent)

@@ -160,19 +160,19 @@ def run_joint(
     with shared:
         while True:
             results: dict[str, TuneResult] = {}
-            wanted: dict[str, tuple[int, tuple[int, ...]]] = {}
+            wanted: dict[str, tuple[int, int]] = {}
             for i, r in enumerate(resolved):
                 try:
                     search(i, results, dry=True)
                 except Ready as ready:
                     results[r.method] = ready.result
                 except Wanted as want:
-                    wanted[r.method] = (want.c, (want.k, *want.also))
+                    wanted[r.method] = (want.c, want.k)
                 runs[i] = _resuming(r)
             if not wanted:
                 break
             c = next(iter(wanted.values()))[0]
-            arms = [Arm(m, k) for m, (cc, ks) in wanted.items() if cc == c for k in ks]
+            arms = [Arm(m, k) for m, (cc, k) in wanted.items() if cc == c]
             again = [a for a in arms if (c, a) in measured]
             if again:  # its search did not find the cell it was given: never loop on it
                 raise RuntimeError(f"joint cell at concurrency {c} not read back for {again[0]}")

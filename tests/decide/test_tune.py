@@ -372,31 +372,3 @@ def test_a_wrong_prior_changes_what_is_measured_never_the_evidence() -> None:
     result = tune(CONCURRENCIES, K, Recorder(world), n_boot=300, prior_step=lambda b, k: 1.0)
     chosen = {(c, k) for c, k in result.choices.items() if k > 0}
     assert chosen <= {(v.concurrency, v.k) for v in result.cells}
-
-
-def test_a_server_that_measures_cells_together_gets_each_choice_with_its_neighbour() -> None:
-    """Issue 21 item 4. A draft step whose cost is not linear in k (the model's form is): the
-    model, fitted to k=1 and k=4, ranks k=3 over k=4 at concurrency 4, where k=4 is 4 % faster.
-    Alone, the search confirms k=3 and leaves k=4 to that prediction. Where the server can
-    measure cells in the same rounds (``together``), each confirmation cell comes with its
-    closest-predicted neighbour, and the measured better one is chosen."""
-    world = World(
-        per_draft_pass_sq_ms=-0.6,
-        per_draft_pass_ms=4.0,
-        spec_fixed_ms=5.0,
-        alphas=(0.9, 0.8, 0.7, 0.6),
-    )
-    concs = (1, 4, 16)
-    best = {c: world.true_best(c, 4) for c in concs}
-    alone = tune(concs, 4, world.measure, n_boot=200)
-    assert alone.choices[4] != best[4]
-    assert world.true_ratio(4, alone.choices[4]) > 1.03 * world.true_ratio(4, best[4])
-    groups: list[list[tuple[int, int]]] = []
-    calls = Recorder(world)
-    result = tune(concs, 4, calls, n_boot=200, together=lambda keys: groups.append(list(keys)))
-    assert result.choices == best
-    assert any(g[0][0] == 4 and {k for _, k in g} == {3, 4} for g in groups)
-    for group in groups:  # one concurrency per group, every cell of it measured after
-        assert len({c for c, _ in group}) == 1 and set(group) <= set(calls.calls)
-    assert any("measured beside the confirmation cell" in n for n in result.notes)
-    assert len(calls.calls) <= result.full_grid_runs * 0.8

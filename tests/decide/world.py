@@ -24,8 +24,6 @@ class World:
     spec_fixed_ms: float = 1.5
     per_draft_token_ms: float = 0.5
     per_draft_pass_ms: float = 1.0
-    # a draft cost that is not linear in k (the cost model's form is): k**2 times this
-    per_draft_pass_sq_ms: float = 0.0
     alphas: tuple[float, ...] = (0.8, 0.65, 0.5, 0.4, 0.3, 0.2)
     noise: float = 0.02
     steps: int = 300
@@ -45,7 +43,6 @@ class World:
                 self.spec_fixed_ms
                 + self.per_draft_token_ms * batch * k
                 + self.per_draft_pass_ms * k
-                + self.per_draft_pass_sq_ms * k * k
             )
         )
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spectool.decide.duel import decided, duel_estimate
+from spectool.decide.duel import decided
 from spectool.decide.methods import TIE_MARGIN
 from spectool.decide.paired import paired_estimate
 from spectool.measure.runner import TrialConfig, TrialResult, load_trials
@@ -126,27 +126,6 @@ def test_close_methods_get_more_rounds_until_the_budget() -> None:
     assert len(short.rounds) == MIN_PAIRS_OVER_BUDGET <= len(cell.rounds)
     alone = measure_joint(C, [A], Bench({A: 18.0}).block, budget_s=1e9, **PASS)
     assert len(alone.rounds) == look_every(1)  # one method: nothing to compare
-
-
-def test_two_draft_lengths_of_the_leading_method_race_until_decided_head_to_head() -> None:
-    """A search's confirmation cell with its neighbouring draft length beside it (one method,
-    two k): 4 % apart on a noisy machine, both settle (pay) at the first look, but neither is
-    proven faster nor equivalent there, so the cell measures on with both arms in every round
-    (before, the method's second arm was not in the race and the cell stopped at the first
-    look); far apart, they are decided sooner."""
-    near = Arm(A.method, K - 1)
-    wobble = lambda t: 1.0 + 0.3 * np.sin(3 * t)  # noqa: E731
-    cell = measure_joint(
-        C, [A, near], Bench({A: 18.0, near: 18.7}, wobble).block, budget_s=1e9, **PASS
-    )
-    assert len(cell.rounds) > look_every(1)
-    assert all(A in got and near in got for got in cell.rounds) and not cell.out_raced
-    far = measure_joint(
-        C, [A, near], Bench({A: 18.0, near: 23.0}, wobble).block, budget_s=1e9, **PASS
-    )
-    assert len(far.rounds) < len(cell.rounds)
-    duel = duel_estimate(duel_pairs(A, near, far.rounds), (str(A), str(near)))
-    assert duel.ratio < 1.0 and decided(duel, confidence=0.95, margin=TIE_MARGIN, looks=6)
 
 
 def test_a_settled_arm_out_of_the_race_retires_and_keeps_its_cell() -> None:
