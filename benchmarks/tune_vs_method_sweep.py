@@ -25,7 +25,10 @@ sweep of every method and every draft length, on the embedded engine.
    from its baseline by more than 5%, tune's on/off agrees. The share is given three ways
    (:mod:`spectool.decide.sweep_judge`): in sample (the bar as written), held out (each
    round's best picked on the other rounds: no winner's curse) and the interval of the paired
-   per-round shares; the verdict is ``holds``, ``within noise`` or ``short``.
+   per-round shares; the verdict is ``holds``, ``within noise`` or ``short``. Per
+   concurrency, beside them, the sweep's own repeatability (:func:`~spectool.decide.
+   sweep_judge.split_half`): in how many ways of splitting its rounds in two the best of one
+   half reaches 95% on the other, the bar a tuner as good as the sweep itself would meet.
 
 Prints the table and the checks and writes ``OUT/benchmark.json``; exit 0 when every check
 holds in sample, 1 otherwise. ``--rejudge OUT`` judges a finished ``OUT/benchmark.json`` again
@@ -63,6 +66,7 @@ from spectool.decide.sweep_judge import (  # noqa: E402
     bracketed_speedups,
     deployable_best,
     judge,
+    split_half,
 )
 from spectool.io import atomic_write_text  # noqa: E402
 from spectool.measure.runner import TrialConfig, measure  # noqa: E402
@@ -301,6 +305,12 @@ def report(data: dict) -> bool:
         means = {name: sum(r[name] for r in rounds) / len(rounds) for name in rounds[0]}
         best_name = max(means, key=means.get)
         row = f"c={c}: best {best_name} {means[best_name]:.2f} of base {means[BASE]:.2f}"
+        ceiling = split_half(rounds, QUALITY)
+        if ceiling is not None:
+            row += (
+                f"; the sweep's best of half its rounds reaches {QUALITY:.0%} on the other half "
+                f"in {ceiling.reached} of {ceiling.splits} splits (worst {ceiling.worst_share:.0%})"
+            )
         for i, run in enumerate(runs):
             d = run["decision"]
             k = int(d["schedule"].get(c, 0))
