@@ -18,7 +18,8 @@ luck as much as the choice. So the judgment here is made of three figures:
 
 Beside them, the sweep's own repeatability (:func:`split_half`): the best of half its rounds
 judged on the other half. On issue 21's code and prose sweeps (4 rounds, 2026-12-04) that
-reached 95 % in 27 of 36 (concurrency x split) cells: a ceiling for any tuner judged this way.
+reached 95 % in 27 of 36 (concurrency x split) cells: a rough ceiling for any tuner judged
+this way.
 
 A round's figure for a configuration is its per-user tokens/s over the baseline blocks that
 bracket it in that round (:func:`bracketed_speedups`), so a round on a slower machine does not
@@ -142,9 +143,9 @@ def split_half(rounds: Sequence[Mapping[str, float]], quality: float) -> SplitHa
     """For every way to split the rounds into two halves (``n // 2`` rounds each; the odd one
     out sits out), the configuration with the best mean on one half, judged in sample on the
     other (:func:`judge`'s ``share``): what a brute-force sweep of half the rounds would have
-    chosen, held to the bar a tuner is held to. A ceiling for any tuner judged against this
-    sweep: a choice as good as the sweep's own best misses the bar as often as this does.
-    None with fewer than 2 rounds."""
+    chosen, held to the bar a tuner is held to: how often a choice as good as the sweep's
+    own best misses that bar. A rough ceiling, since the reference here has half the rounds
+    the real judgment has (a noisier reference misses more). None with fewer than 2 rounds."""
     n = len(rounds)
     if n < 2:
         return None
