@@ -384,11 +384,10 @@ def tune(
 
     requests = method_requests(request)
     stop = _StopRequest()
-    from asyncio import CancelledError
-
-    with _sigterm_as_interrupt(stop):
-        live = err_console.is_terminal and not as_json
-        try:
+    live = err_console.is_terminal and not as_json
+    try:
+        # SIGTERM (and its CancelledError when SIGINT is ignored) leaves as KeyboardInterrupt
+        with _sigterm_as_interrupt(stop):
             if live:
                 with RichTuneProgress() as progress:
                     result, rates, found = _run(requests, progress, stop)
@@ -396,13 +395,13 @@ def tune(
                 result, rates, found = _run(requests, PlainTuneProgress(), stop)
             else:
                 result, rates, found = _run(requests, None, stop)
-        except (KeyboardInterrupt, CancelledError):  # CancelledError: SIGTERM, SIGINT ignored
-            err_console.print(
-                f"stopped; finished trials are saved under {Path(out)}: rerun with --resume to "
-                "continue",
-                markup=False,
-            )
-            raise
+    except KeyboardInterrupt:
+        err_console.print(
+            f"stopped; finished trials are saved under {Path(out)}: rerun with --resume to "
+            "continue",
+            markup=False,
+        )
+        raise
     if as_json:
         from spectool.cli.output import print_json
 
