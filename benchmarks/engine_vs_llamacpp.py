@@ -33,6 +33,7 @@ run and the llama.cpp columns are skipped with the reason.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import statistics
 import sys
@@ -252,22 +253,30 @@ def paired(a: list[float], b: list[float]) -> str:
 
 def matrix_floor(model: Any, batch: int, repeats: int = 30) -> float:
     """Seconds for one pass of every weight product of ``model`` at ``batch`` rows (the
-    engine's own Projection kernels), the best of ``repeats`` passes' medians."""
+    engine's own kernels: the C step's product where the model runs on it, else the
+    Projections'), the best of ``repeats`` passes' medians."""
     import torch
 
     from spectool.engine.model import Projection
 
-    projections = [m for m in model.modules() if isinstance(m, Projection)]
-    inputs = [torch.randn(batch, p.weight.shape[0]) for p in projections]
-    for p, x in zip(projections, inputs, strict=True):
-        p.forward(x)
+    products: list[Callable[[], Any]] = []
+    if model.native is not None:
+        for w in model.native.weights():
+            x, y = torch.randn(batch, w.shape[1]), torch.empty(batch, w.shape[0])
+            products.append(functools.partial(model.native.product, x, w, y))
+    else:
+        for p in model.modules():
+            if isinstance(p, Projection):
+                products.append(functools.partial(p.forward, torch.randn(batch, p.weight.shape[0])))
+    for product in products:
+        product()
     times = []
     with torch.inference_mode():
         for _ in range(repeats):
             t0 = time.perf_counter()
             for _ in range(10):
-                for p, x in zip(projections, inputs, strict=True):
-                    p.forward(x)
+                for product in products:
+                    product()
             times.append((time.perf_counter() - t0) / 10)
     return statistics.median(sorted(times)[: max(1, repeats // 2)])
 
@@ -280,6 +289,29 @@ def profile_step(engine: Any, prompt: list[int], n: int) -> list[tuple[str, floa
         engine_decode(engine, [prompt], n)
     rows = [(e.key, e.self_cpu_time_total / 1000 / n) for e in prof.key_averages()]
     return sorted(rows, key=lambda r: -r[1])
+
+
+def native_split(engine: Any, prompt: list[int], n: int) -> tuple[float, float]:
+    """Where a batch-1 decode step's time goes when the target runs on the C step: seconds per
+    step inside the model's forward (embedding, the C layers, the LM head) and in the whole
+    step, over one decode of ``n`` tokens (the first token's prefill excluded)."""
+    native = engine.target.native
+    inner = native.forward
+    spent: list[float] = []
+
+    def timed(*args: Any) -> Any:
+        t0 = time.perf_counter()
+        out = inner(*args)
+        spent.append(time.perf_counter() - t0)
+        return out
+
+    native.forward = timed
+    try:
+        _, (tokens, seconds) = engine_decode(engine, [prompt], n)
+    finally:
+        del native.forward  # the bound method again
+    steps = spent[-tokens:]  # one forward per decode step after the first token
+    return sum(steps) / len(steps), seconds / tokens
 
 
 MATRIX_OPS = ("aten::fbgemm_linear_fp16_weight", "aten::mm", "aten::addmm", "aten::linear")
@@ -398,6 +430,14 @@ def main() -> int:
         f"{floor * 1e3:.3f} ms/token = {1 / floor:.0f} tokens/s; engine step {step * 1e3:.3f} ms; "
         f"outside matrix work {(step - floor) * 1e3:.3f} ms ({(step - floor) / step:.0%} of the step)"
     )
+    if base.target.native is not None:
+        forward, whole = native_split(base, prompts[0], n)
+        print(
+            f"C step (spectool.engine.native_step): per decode step {whole * 1e3:.3f} ms, of it "
+            f"the model's forward {forward * 1e3:.3f} ms = matrix floor {floor * 1e3:.3f} + "
+            f"attention, norms, rotary, activations {(forward - floor) * 1e3:.3f}; the engine's "
+            f"step around it (sampling, scheduling, bookkeeping) {(whole - forward) * 1e3:.3f} ms"
+        )
     rows = profile_step(base, prompts[0], n)
     total = sum(ms for _, ms in rows)
     matrix = sum(ms for key, ms in rows if key in MATRIX_OPS)

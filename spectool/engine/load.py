@@ -262,4 +262,6 @@ def load_model(
     if pack_fp16:
         model.pack_fp16_weights()
     model.setup_rope(min(max_seq_len, args.max_position_embeddings))
+    if pack_fp16:  # the same float16-exact weights, all layers in one C call where it fits
+        model.enable_native()
     return model.eval()

@@ -282,6 +282,8 @@ class Transformer(nn.Module):
         if args.tie_word_embeddings:
             self.tie_embeddings()
         self.max_seq_len = 0
+        # the layers in one C call (spectool.engine.native_step), set by enable_native()
+        self.native: Any = None
         # [max_seq_len, 2, head_dim]: cos, and sin with rotate-half's sign ([-sin_1, sin_2])
         self.rope_cos_sin: Tensor | None
         self.register_buffer("rope_cos_sin", None, persistent=False)
@@ -297,6 +299,15 @@ class Transformer(nn.Module):
         """Switch every projection whose weight float16 holds exactly to fbgemm's float16-weight
         kernel (:meth:`Projection.pack_fp16`); returns how many were packed."""
         return sum(m.pack_fp16() for m in self.modules() if isinstance(m, Projection))
+
+    def enable_native(self) -> bool:
+        """Run forwards with a KV cache through the C kernel from now on, where it fits this model
+        and machine (:mod:`spectool.engine.native_step`); returns whether it does. Call after
+        :meth:`setup_rope` (the kernel reads the rotary table)."""
+        from spectool.engine.native_step import bind
+
+        self.native = bind(self)
+        return self.native is not None
 
     def setup_rope(self, max_seq_len: int) -> None:
         """Precompute rotary tables for positions ``0 .. max_seq_len - 1`` on the weights' device."""
@@ -345,19 +356,20 @@ class Transformer(nn.Module):
         if self.rope_cos_sin is None:
             raise RuntimeError("call setup_rope() before forward()")
         bsz, seqlen = positions.shape
+        if (
+            self.native is not None
+            and cache is not None
+            and slots is not None
+            and (bsz * seqlen <= PACKED_MAX_ROWS or torch.get_num_threads() == 1)
+        ):
+            self._check_hidden_layers(hidden_layers)
+            return self.native.forward(tokens, positions, cache, slots, select, hidden_layers)
         weight = self.tok_embeddings.weight
         step = make_step(self.args, self.rope_cos_sin, positions, cache, slots, weight)
         x = weight.index_select(0, tokens.reshape(-1))  # [N, dim], N = B * T, token-major
         captured: list[Tensor] = []
         if hidden_layers:
-            wanted = {layer: i for i, layer in enumerate(hidden_layers)}
-            if len(wanted) != len(hidden_layers) or not all(
-                0 <= i < len(self.layers) for i in wanted
-            ):
-                raise ValueError(
-                    f"hidden_layers {list(hidden_layers)} must be distinct layers of "
-                    f"0..{len(self.layers) - 1}"
-                )
+            wanted = self._check_hidden_layers(hidden_layers)
             captured = [x] * len(hidden_layers)
             for i, layer in enumerate(self.layers):
                 x = layer.forward(x, step)
@@ -375,6 +387,16 @@ class Transformer(nn.Module):
         if not hidden_layers:
             return logits
         return logits, torch.cat(captured, dim=-1).view(bsz, seqlen, -1)
+
+    def _check_hidden_layers(self, hidden_layers: Sequence[int]) -> dict[int, int]:
+        """``hidden_layers`` as layer -> index; ValueError unless distinct layers of the model."""
+        wanted = {layer: i for i, layer in enumerate(hidden_layers)}
+        if len(wanted) != len(hidden_layers) or not all(0 <= i < len(self.layers) for i in wanted):
+            raise ValueError(
+                f"hidden_layers {list(hidden_layers)} must be distinct layers of "
+                f"0..{len(self.layers) - 1}"
+            )
+        return wanted
 
 
 def make_step(

@@ -388,12 +388,15 @@ PROMPT = [2, 3, 4, 5]
 ENGINE_DRAWS = 2000
 
 
-@pytest.fixture(scope="module")
-def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+@pytest.fixture(scope="module", params=[torch.float32, torch.float16], ids=["f32", "f16"])
+def tiny_pair(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> tuple[Path, Path, Path]:
     """Vocabulary-8 target, an unrelated drafter and a random EAGLE-3 head (drafting 6 of the
-    8 ids, so q is 0 on two target ids); logits spread enough to differ."""
+    8 ids, so q is 0 on two target ids); logits spread enough to differ. Saved in float32 (the
+    PyTorch path) and in float16 (the C step, where it builds: test_native_step.py)."""
     root = tmp_path_factory.mktemp("tiny")
-    common = {"vocab_size": TINY_VOCAB, "init_range": 0.3}
+    common = {"vocab_size": TINY_VOCAB, "init_range": 0.3, "save_dtype": request.param}
     target = write_checkpoint(root / "target", seed=11, **common)
     return (
         target,

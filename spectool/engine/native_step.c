@@ -1,0 +1,341 @@
+/* The embedded engine's decoder layers in one call: spectool/engine/native_step.py builds this
+ * file with the system's C compiler on first use and calls it through ctypes.
+ *
+ * Why: on CPU at decode sizes, PyTorch's eager operators cost 1-5 us each and a step of the demo
+ * target makes about 1,280 of them; the matrix work is a third of the step (issue 27). Here a
+ * forward of N rows through every layer is one call: float16 weights ([out, in], converted to
+ * float32 in registers with F16C), float32 activations, sums and KV cache, AVX2 + FMA.
+ *
+ * Exactness: every number a row produces is computed by the same sequence of operations
+ * whatever N is and whichever rows share the call (each dot product has its own accumulator;
+ * rows are blocked in pairs only to share weight loads). So a verify pass of k + 1 rows gives
+ * bit for bit the logits that k + 1 single-row steps give, and greedy speculative decoding
+ * repeats plain greedy decoding exactly. Build without -ffast-math and with -ffp-contract=off:
+ * the compiler must not reorder sums or fuse the scalar multiply-adds.
+ *
+ * Semantics are those of spectool.engine.model.Transformer.forward with a KV cache: each row
+ * (slot, position) first writes its keys and values at that slot and position, then attends to
+ * positions 0 .. its own of its slot. A row with position -1 is padding: nothing written, its
+ * output is zeros.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef struct {
+    const float *attn_norm;   /* [dim] */
+    const uint16_t *wqkv;     /* [(H + 2 Hkv) D, dim] float16 */
+    const uint16_t *wo;       /* [dim, H D] */
+    const float *ffn_norm;    /* [dim] */
+    const uint16_t *w13;      /* [2 hidden, dim], gate rows first */
+    const uint16_t *w2;       /* [dim, hidden] */
+} Layer;
+
+typedef struct {
+    int64_t dim, n_layers, n_heads, n_kv_heads, head_dim, hidden;
+    double eps;
+    const Layer *layers;
+    const float *final_norm;  /* [dim] */
+    const float *rope;        /* [max_pos, 2, D]: cos, then sin with rotate-half's sign */
+    int64_t max_pos;
+} Model;
+
+int spectool_native_abi(void) { return 1; }
+
+static inline float hsum(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v);
+    __m128 hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    __m128 sh = _mm_movehdup_ps(lo);
+    __m128 s = _mm_add_ps(lo, sh);
+    sh = _mm_movehl_ps(sh, s);
+    s = _mm_add_ss(s, sh);
+    return _mm_cvtss_f32(s);
+}
+
+static inline __m256 load_h(const uint16_t *p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+static inline void prefetch(const uint16_t *w, int64_t count) {
+    const char *p = (const char *)w;
+    for (int64_t b = 0; b < count * 2; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
+}
+
+/* One output of one row: the same operations wherever it is called from. */
+static inline float dot1(const float *x, const uint16_t *w, int64_t in) {
+    __m256 a = _mm256_setzero_ps();
+    for (int64_t i = 0; i < in; i += 8)
+        a = _mm256_fmadd_ps(load_h(w + i), _mm256_loadu_ps(x + i), a);
+    return hsum(a);
+}
+
+/* y[r, j] = sum_i x[r, i] w[j, i] (+ y[r, j] when add): rows in pairs, outputs in fours, each
+ * (row, output) accumulated exactly as dot1 does. in % 8 == 0. */
+static void matmul(const float *x, int64_t n, int64_t in, const uint16_t *w, int64_t out,
+                   float *y, int add) {
+    int64_t j = 0;
+    prefetch(w, (out < 8 ? out : 8) * in);
+    for (; j + 4 <= out; j += 4) {
+        const uint16_t *w0 = w + j * in, *w1 = w0 + in, *w2 = w1 + in, *w3 = w2 + in;
+        /* the weights two blocks ahead, requested now: the product is bound by memory, and
+         * asking early (about 2x faster than the hardware prefetcher alone at batch 1 here) */
+        if (j + 12 <= out) prefetch(w0 + 8 * in, 4 * in);
+        int64_t r = 0;
+        for (; r + 2 <= n; r += 2) {
+            const float *x0 = x + r * in, *x1 = x0 + in;
+            __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
+            __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+            for (int64_t i = 0; i < in; i += 8) {
+                __m256 v0 = _mm256_loadu_ps(x0 + i), v1 = _mm256_loadu_ps(x1 + i);
+                __m256 h0 = load_h(w0 + i), h1 = load_h(w1 + i);
+                __m256 h2 = load_h(w2 + i), h3 = load_h(w3 + i);
+                a00 = _mm256_fmadd_ps(h0, v0, a00);
+                a01 = _mm256_fmadd_ps(h1, v0, a01);
+                a02 = _mm256_fmadd_ps(h2, v0, a02);
+                a03 = _mm256_fmadd_ps(h3, v0, a03);
+                a10 = _mm256_fmadd_ps(h0, v1, a10);
+                a11 = _mm256_fmadd_ps(h1, v1, a11);
+                a12 = _mm256_fmadd_ps(h2, v1, a12);
+                a13 = _mm256_fmadd_ps(h3, v1, a13);
+            }
+            float *y0 = y + r * out + j, *y1 = y0 + out;
+            if (add) {
+                y0[0] += hsum(a00); y0[1] += hsum(a01); y0[2] += hsum(a02); y0[3] += hsum(a03);
+                y1[0] += hsum(a10); y1[1] += hsum(a11); y1[2] += hsum(a12); y1[3] += hsum(a13);
+            } else {
+                y0[0] = hsum(a00); y0[1] = hsum(a01); y0[2] = hsum(a02); y0[3] = hsum(a03);
+                y1[0] = hsum(a10); y1[1] = hsum(a11); y1[2] = hsum(a12); y1[3] = hsum(a13);
+            }
+        }
+        for (; r < n; r++) {
+            const float *x0 = x + r * in;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t i = 0; i < in; i += 8) {
+                __m256 v0 = _mm256_loadu_ps(x0 + i);
+                a0 = _mm256_fmadd_ps(load_h(w0 + i), v0, a0);
+                a1 = _mm256_fmadd_ps(load_h(w1 + i), v0, a1);
+                a2 = _mm256_fmadd_ps(load_h(w2 + i), v0, a2);
+                a3 = _mm256_fmadd_ps(load_h(w3 + i), v0, a3);
+            }
+            float *y0 = y + r * out + j;
+            if (add) {
+                y0[0] += hsum(a0); y0[1] += hsum(a1); y0[2] += hsum(a2); y0[3] += hsum(a3);
+            } else {
+                y0[0] = hsum(a0); y0[1] = hsum(a1); y0[2] = hsum(a2); y0[3] = hsum(a3);
+            }
+        }
+    }
+    for (; j < out; j++)
+        for (int64_t r = 0; r < n; r++) {
+            float v = dot1(x + r * in, w + j * in, in);
+            if (add) y[r * out + j] += v; else y[r * out + j] = v;
+        }
+}
+
+/* y [n, out] = x [n, in] w^T for w [out, in] float16 (the LM head): rows independent. */
+void spectool_matmul(const float *x, int64_t n, int64_t in, const uint16_t *w, int64_t out,
+                     float *y) {
+    matmul(x, n, in, w, out, y, 0);
+}
+
+/* out = x / sqrt(mean(x^2) + eps) * weight, the mean of squares summed in double. */
+static void rms_norm(const float *x, const float *weight, int64_t dim, double eps, float *out) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < dim; i++) ss += (double)x[i] * (double)x[i];
+    float inv = (float)(1.0 / sqrt(ss / (double)dim + eps));
+    for (int64_t i = 0; i < dim; i++) out[i] = (x[i] * inv) * weight[i];
+}
+
+/* x [heads, D] rotated in place: x * cos + [x2, x1] * sin_signed (Hugging Face's rotate-half). */
+static void rope(float *x, int64_t heads, int64_t d, const float *cs) {
+    const float *c = cs, *s = cs + d;
+    int64_t half = d / 2;
+    for (int64_t h = 0; h < heads; h++) {
+        float *v = x + h * d;
+        float tmp[512];
+        for (int64_t i = 0; i < d; i++) {
+            float sw = i < half ? v[i + half] : v[i - half];
+            tmp[i] = v[i] * c[i] + sw * s[i];
+        }
+        memcpy(v, tmp, (size_t)d * sizeof(float));
+    }
+}
+
+/* exp(x), 8 lanes (Cephes' expf: x = n ln2 + r, exp(r) by a polynomial; about 1 ulp), inputs
+ * clamped to [-87.3, 88.4] so that 2^n stays a normal float. */
+static inline __m256 exp256(__m256 x) {
+    x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3365478515625f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), x);
+    y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+/* Eight sums of eight vectors: [hsum(a[0]), ..., hsum(a[7])] (another order of additions than
+ * hsum; the same for every call). */
+static inline __m256 hsum8(const __m256 *a) {
+    __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
+    __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
+    __m256 lo = _mm256_hadd_ps(h01, h23), hi = _mm256_hadd_ps(h45, h67);
+    return _mm256_add_ps(_mm256_permute2f128_ps(lo, hi, 0x20), _mm256_permute2f128_ps(lo, hi, 0x31));
+}
+
+/* The `groups` query heads q [groups, D] that share one kv head attend to its keys and values
+ * [len, D] (positions 0 .. len - 1): out [groups, D]. One pass over the keys and one per 32
+ * dimensions over the values serve all the group's heads. scores: groups * (len + 8) floats.
+ * Every number depends only on q, the cache and len (keys in blocks of 8 from position 0). */
+static void attend(const float *q, int64_t groups, int64_t D, int64_t len, const float *keys,
+                   const float *vals, float scale, float *scores, float *out) {
+    const int64_t padded = (len + 7) / 8 * 8, stride = padded;
+    for (int64_t g = 0; g < groups; g++) {
+        const float *qg = q + g * D;
+        float *sg = scores + g * stride;
+        int64_t t = 0;
+        for (; t + 8 <= len; t += 8) {
+            __m256 a[8];
+            for (int k = 0; k < 8; k++) {
+                const float *key = keys + (t + k) * D;
+                __m256 acc = _mm256_setzero_ps();
+                for (int64_t i = 0; i < D; i += 8)
+                    acc = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i), _mm256_loadu_ps(key + i), acc);
+                a[k] = acc;
+            }
+            _mm256_storeu_ps(sg + t, _mm256_mul_ps(hsum8(a), _mm256_set1_ps(scale)));
+        }
+        for (; t < len; t++) {
+            __m256 acc = _mm256_setzero_ps();
+            for (int64_t i = 0; i < D; i += 8)
+                acc = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i), _mm256_loadu_ps(keys + t * D + i), acc);
+            sg[t] = hsum(acc) * scale;
+        }
+        float mx = -INFINITY;
+        for (t = 0; t < len; t++) mx = sg[t] > mx ? sg[t] : mx;
+        for (t = len; t < padded; t++) sg[t] = mx - 1000.0f;  /* exp underflows to ~1e-38 */
+        const __m256 m8 = _mm256_set1_ps(mx);
+        for (t = 0; t < padded; t += 8)
+            _mm256_storeu_ps(sg + t, exp256(_mm256_sub_ps(_mm256_loadu_ps(sg + t), m8)));
+        float sum = 0.0f;
+        for (t = 0; t < len; t++) sum += sg[t];
+        const float inv = 1.0f / sum;
+        for (t = 0; t < len; t++) sg[t] *= inv;
+    }
+    for (int64_t g = 0; g < groups; g++) memset(out + g * D, 0, (size_t)D * sizeof(float));
+    for (int64_t g0 = 0; g0 < groups; g0 += 2) {  /* two heads x 32 dimensions: 8 accumulators */
+        const int64_t gn = groups - g0 < 2 ? groups - g0 : 2;
+        for (int64_t i = 0; i < D; i += 32) {
+            __m256 acc[8];
+            for (int k = 0; k < 8; k++) acc[k] = _mm256_setzero_ps();
+            const int64_t width = D - i < 32 ? (D - i) / 8 : 4;
+            for (int64_t t = 0; t < len; t++) {
+                const float *v = vals + t * D + i;
+                for (int64_t gg = 0; gg < gn; gg++) {
+                    const __m256 p = _mm256_set1_ps(scores[(g0 + gg) * stride + t]);
+                    for (int64_t k = 0; k < width; k++)
+                        acc[gg * 4 + k] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * k), acc[gg * 4 + k]);
+                }
+            }
+            for (int64_t gg = 0; gg < gn; gg++)
+                for (int64_t k = 0; k < width; k++)
+                    _mm256_storeu_ps(out + (g0 + gg) * D + i + 8 * k, acc[gg * 4 + k]);
+        }
+    }
+}
+
+/* Scratch floats one forward of n rows needs (see spectool_forward). */
+int64_t spectool_scratch_floats(const Model *m, int64_t n, int64_t max_len) {
+    int64_t qkv = (m->n_heads + 2 * m->n_kv_heads) * m->head_dim;
+    return n * (m->dim + qkv + m->n_heads * m->head_dim + 2 * m->hidden)
+        + (m->n_heads / m->n_kv_heads) * (max_len + 8);
+}
+
+/*
+ * x [n, dim]: the rows' embeddings, on return the residual stream after the last layer.
+ * pos [n], slot [n]: each row's position (-1: padding) and cache slot.
+ * kv: the cache, [n_layers, n_slots, 2 Hkv, max_seq, D] float32 (keys, then values).
+ * capture [n_capture] layer indices whose output is copied to captured [n, n_capture * dim].
+ * normed [n, dim]: the final norm of x. scratch: spectool_scratch_floats(m, n, max_len) floats,
+ * max_len being 1 + the largest position.
+ * Returns 0, or -1 when a position lies outside the rope table or the cache.
+ */
+int spectool_forward(const Model *m, int64_t n, float *x, const int64_t *pos,
+                     const int64_t *slot, float *kv, int64_t n_slots, int64_t max_seq,
+                     int64_t n_capture, const int64_t *capture, float *captured, float *normed,
+                     float *scratch) {
+    const int64_t dim = m->dim, H = m->n_heads, Hkv = m->n_kv_heads, D = m->head_dim;
+    const int64_t hidden = m->hidden, groups = H / Hkv, qkv_n = (H + 2 * Hkv) * D;
+    int64_t max_len = 0;
+    for (int64_t r = 0; r < n; r++) {
+        if (pos[r] >= m->max_pos || pos[r] >= max_seq || slot[r] < 0 || slot[r] >= n_slots)
+            return -1;
+        if (pos[r] + 1 > max_len) max_len = pos[r] + 1;
+    }
+    float *h = scratch;                 /* [n, dim] normed input of a sublayer */
+    float *qkv = h + n * dim;           /* [n, qkv_n] */
+    float *att = qkv + n * qkv_n;       /* [n, H D] */
+    float *gu = att + n * H * D;        /* [n, 2 hidden] */
+    float *scores = gu + n * 2 * hidden; /* [groups, max_len + 8] */
+    const float scale = (float)(1.0 / sqrt((double)D));
+    const int64_t layer_stride = n_slots * 2 * Hkv * max_seq * D;
+    const int64_t slot_stride = 2 * Hkv * max_seq * D, head_stride = max_seq * D;
+
+    for (int64_t l = 0; l < m->n_layers; l++) {
+        const Layer *L = &m->layers[l];
+        float *kvl = kv + l * layer_stride;
+        for (int64_t r = 0; r < n; r++) rms_norm(x + r * dim, L->attn_norm, dim, m->eps, h + r * dim);
+        matmul(h, n, dim, L->wqkv, qkv_n, qkv, 0);
+        for (int64_t r = 0; r < n; r++) {
+            if (pos[r] < 0) continue;
+            float *row = qkv + r * qkv_n;
+            rope(row, H + Hkv, D, m->rope + pos[r] * 2 * D);
+            float *base = kvl + slot[r] * slot_stride + pos[r] * D;
+            for (int64_t g = 0; g < 2 * Hkv; g++)
+                memcpy(base + g * head_stride, row + (H + g) * D, (size_t)D * sizeof(float));
+        }
+        for (int64_t r = 0; r < n; r++) {
+            float *out = att + r * H * D;
+            if (pos[r] < 0) { memset(out, 0, (size_t)(H * D) * sizeof(float)); continue; }
+            const float *sbase = kvl + slot[r] * slot_stride;
+            for (int64_t j = 0; j < Hkv; j++)
+                attend(qkv + r * qkv_n + j * groups * D, groups, D, pos[r] + 1,
+                       sbase + j * head_stride, sbase + (Hkv + j) * head_stride, scale, scores,
+                       out + j * groups * D);
+        }
+        matmul(att, n, H * D, L->wo, dim, x, 1); /* residual: x += attention output */
+        for (int64_t r = 0; r < n; r++) rms_norm(x + r * dim, L->ffn_norm, dim, m->eps, h + r * dim);
+        matmul(h, n, dim, L->w13, 2 * hidden, gu, 0);
+        for (int64_t r = 0; r < n; r++) {
+            float *g = gu + r * 2 * hidden, *u = g + hidden;
+            const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+            for (int64_t i = 0; i < hidden; i += 8) {  /* silu(g) * u = g / (1 + exp(-g)) * u */
+                __m256 gv = _mm256_loadu_ps(g + i);
+                __m256 sig = _mm256_add_ps(one, exp256(_mm256_sub_ps(zero, gv)));
+                _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_div_ps(gv, sig), _mm256_loadu_ps(u + i)));
+            }
+        }
+        /* row r's activations gu[r, :hidden] packed to [n, hidden] (in order: no overlap) */
+        for (int64_t r = 0; r < n; r++) memmove(gu + r * hidden, gu + r * 2 * hidden, (size_t)hidden * sizeof(float));
+        matmul(gu, n, hidden, L->w2, dim, x, 1);
+        for (int64_t c = 0; c < n_capture; c++)
+            if (capture[c] == l)
+                for (int64_t r = 0; r < n; r++)
+                    memcpy(captured + (r * n_capture + c) * dim, x + r * dim, (size_t)dim * sizeof(float));
+    }
+    for (int64_t r = 0; r < n; r++) {
+        if (pos[r] < 0) { memset(normed + r * dim, 0, (size_t)dim * sizeof(float)); continue; }
+        rms_norm(x + r * dim, m->final_norm, dim, m->eps, normed + r * dim);
+    }
+    return 0;
+}
