@@ -36,7 +36,9 @@ from torch import Tensor
 
 if TYPE_CHECKING:
     from spectool.engine.kv_cache import KVCache
-    from spectool.engine.model import Transformer
+
+# A spectool.engine.model.Transformer (model.py imports this module: no import back).
+Transformer = Any
 
 SOURCE = Path(__file__).with_name("native_step.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fPIC", "-shared")
