@@ -88,6 +88,8 @@ class Eagle3Head(nn.Module):
         self.register_buffer("draft_to_target", torch.arange(draft_vocab_size), persistent=False)
         self.rope_cos_sin: Tensor | None = None  # [max_seq_len, 2, head_dim], set by the loader
         self.max_seq_len = 0
+        # the layer in one C call (spectool.engine.native_step.NativeHead), set by the loader
+        self.native: Any = None
 
     def set_vocab_map(self, d2t: Tensor, t2d: Tensor) -> None:
         """Install ``d2t`` (draft id -> target id offset) and ``t2d`` (target-id mask)."""
@@ -260,4 +262,8 @@ def load_eagle3_head(
     sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
     head.rope_cos_sin = torch.stack([cos, sin_signed], dim=1).to(device)
     head.max_seq_len = max_seq_len
+    if pack_fp16:  # float16-exact weights: the layer on the C step where it fits
+        from spectool.engine.native_step import bind_eagle3_head
+
+        head.native = bind_eagle3_head(head)
     return head.eval(), layers

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -81,6 +82,8 @@ class MtpModule(nn.Module):
         self._shared = (lm_head,)  # the target's LM head: in a tuple, so not a submodule
         self.rope_cos_sin: Tensor | None = None  # [max_seq_len, 2, head_dim], set by the loader
         self.max_seq_len = 0
+        # the layer in one C call (spectool.engine.native_step.NativeMtp), set by the loader
+        self.native: Any = None
 
     def forward(self, embeds: Tensor, hidden: Tensor, step: _Step) -> Tensor:
         """Normed output ``[N, dim]`` for token-major rows: ``embeds`` ``[N, dim]`` (the next
@@ -192,4 +195,8 @@ def load_mtp_module(
     sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
     module.rope_cos_sin = torch.stack([cos, sin_signed], dim=1).to(device)
     module.max_seq_len = max_seq_len
+    if pack_fp16:  # float16-exact weights: the layer on the C step where it fits
+        from spectool.engine.native_step import bind_mtp_module
+
+        module.native = bind_mtp_module(module)
     return module.eval()

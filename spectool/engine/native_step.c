@@ -24,8 +24,9 @@
 #include <string.h>
 
 typedef struct {
-    const float *attn_norm;   /* [dim] */
-    const uint16_t *wqkv;     /* [(H + 2 Hkv) D, dim] float16 */
+    const float *attn_norm;   /* [dim]; NULL: the attention input is the caller's attn_in */
+    int64_t qkv_in;           /* the attention input's width: dim (2 dim for an EAGLE-3 head) */
+    const uint16_t *wqkv;     /* [(H + 2 Hkv) D, qkv_in] float16 */
     const uint16_t *wo;       /* [dim, H D] */
     const float *ffn_norm;    /* [dim] */
     const uint16_t *w13;      /* [2 hidden, dim], gate rows first */
@@ -36,12 +37,12 @@ typedef struct {
     int64_t dim, n_layers, n_heads, n_kv_heads, head_dim, hidden;
     double eps;
     const Layer *layers;
-    const float *final_norm;  /* [dim] */
+    const float *final_norm;  /* [dim]; NULL: no final norm (normed is not written) */
     const float *rope;        /* [max_pos, 2, D]: cos, then sin with rotate-half's sign */
     int64_t max_pos;
 } Model;
 
-int spectool_native_abi(void) { return 1; }
+int spectool_native_abi(void) { return 2; }
 
 static inline float hsum(__m256 v) {
     __m128 lo = _mm256_castps256_ps128(v);
@@ -257,7 +258,7 @@ static void attend(const float *q, int64_t groups, int64_t D, int64_t len, const
 /* Scratch floats one forward of n rows needs (see spectool_forward). */
 int64_t spectool_scratch_floats(const Model *m, int64_t n, int64_t max_len) {
     int64_t qkv = (m->n_heads + 2 * m->n_kv_heads) * m->head_dim;
-    return n * (m->dim + qkv + m->n_heads * m->head_dim + 2 * m->hidden)
+    return n * (2 * m->dim + qkv + m->n_heads * m->head_dim + 2 * m->hidden)
         + (m->n_heads / m->n_kv_heads) * (max_len + 8);
 }
 
@@ -266,24 +267,28 @@ int64_t spectool_scratch_floats(const Model *m, int64_t n, int64_t max_len) {
  * pos [n], slot [n]: each row's position (-1: padding) and cache slot.
  * kv: the cache, [n_layers, n_slots, 2 Hkv, max_seq, D] float32 (keys, then values).
  * capture [n_capture] layer indices whose output is copied to captured [n, n_capture * dim].
- * normed [n, dim]: the final norm of x. scratch: spectool_scratch_floats(m, n, max_len) floats,
+ * normed [n, dim]: the final norm of x. attn_in [n, qkv_in]: the attention input of layers
+ * without attn_norm (an EAGLE-3 head's [norm(embedding); norm(hidden)]), else NULL. scratch: spectool_scratch_floats(m, n, max_len) floats,
  * max_len being 1 + the largest position.
- * Returns 0, or -1 when a position lies outside the rope table or the cache.
+ * Returns 0, -1 when a position lies outside the rope table or the cache, -2 without attn_in
+ * where a layer needs it.
  */
 int spectool_forward(const Model *m, int64_t n, float *x, const int64_t *pos,
                      const int64_t *slot, float *kv, int64_t n_slots, int64_t max_seq,
                      int64_t n_capture, const int64_t *capture, float *captured, float *normed,
-                     float *scratch) {
+                     const float *attn_in, float *scratch) {
     const int64_t dim = m->dim, H = m->n_heads, Hkv = m->n_kv_heads, D = m->head_dim;
     const int64_t hidden = m->hidden, groups = H / Hkv, qkv_n = (H + 2 * Hkv) * D;
     int64_t max_len = 0;
+    for (int64_t l = 0; l < m->n_layers; l++)
+        if (!m->layers[l].attn_norm && !attn_in) return -2;
     for (int64_t r = 0; r < n; r++) {
         if (pos[r] >= m->max_pos || pos[r] >= max_seq || slot[r] < 0 || slot[r] >= n_slots)
             return -1;
         if (pos[r] + 1 > max_len) max_len = pos[r] + 1;
     }
-    float *h = scratch;                 /* [n, dim] normed input of a sublayer */
-    float *qkv = h + n * dim;           /* [n, qkv_n] */
+    float *h = scratch;                 /* [n, 2 dim] normed input of a sublayer */
+    float *qkv = h + n * 2 * dim;       /* [n, qkv_n] */
     float *att = qkv + n * qkv_n;       /* [n, H D] */
     float *gu = att + n * H * D;        /* [n, 2 hidden] */
     float *scores = gu + n * 2 * hidden; /* [groups, max_len + 8] */
@@ -294,8 +299,12 @@ int spectool_forward(const Model *m, int64_t n, float *x, const int64_t *pos,
     for (int64_t l = 0; l < m->n_layers; l++) {
         const Layer *L = &m->layers[l];
         float *kvl = kv + l * layer_stride;
-        for (int64_t r = 0; r < n; r++) rms_norm(x + r * dim, L->attn_norm, dim, m->eps, h + r * dim);
-        matmul(h, n, dim, L->wqkv, qkv_n, qkv, 0);
+        const float *in = attn_in;
+        if (L->attn_norm) {
+            for (int64_t r = 0; r < n; r++) rms_norm(x + r * dim, L->attn_norm, dim, m->eps, h + r * dim);
+            in = h;
+        }
+        matmul(in, n, L->qkv_in, L->wqkv, qkv_n, qkv, 0);
         for (int64_t r = 0; r < n; r++) {
             if (pos[r] < 0) continue;
             float *row = qkv + r * qkv_n;
@@ -333,7 +342,7 @@ int spectool_forward(const Model *m, int64_t n, float *x, const int64_t *pos,
                 for (int64_t r = 0; r < n; r++)
                     memcpy(captured + (r * n_capture + c) * dim, x + r * dim, (size_t)dim * sizeof(float));
     }
-    for (int64_t r = 0; r < n; r++) {
+    for (int64_t r = 0; r < n && m->final_norm; r++) {
         if (pos[r] < 0) { memset(normed + r * dim, 0, (size_t)dim * sizeof(float)); continue; }
         rms_norm(x + r * dim, m->final_norm, dim, m->eps, normed + r * dim);
     }

@@ -42,13 +42,17 @@ Transformer = Any
 
 SOURCE = Path(__file__).with_name("native_step.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fPIC", "-shared")
-ABI = 1
+ABI = 2
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
 
 
 class _Layer(ctypes.Structure):
-    _fields_ = [(name, _P) for name in ("attn_norm", "wqkv", "wo", "ffn_norm", "w13", "w2")]
+    _fields_ = [
+        ("attn_norm", _P),
+        ("qkv_in", _I),
+        *[(name, _P) for name in ("wqkv", "wo", "ffn_norm", "w13", "w2")],
+    ]
 
 
 class _Model(ctypes.Structure):
@@ -127,7 +131,7 @@ def _load() -> ctypes.CDLL:
     lib.spectool_scratch_floats.argtypes = [ctypes.POINTER(_Model), _I, _I]
     lib.spectool_forward.restype = ctypes.c_int
     lib.spectool_forward.argtypes = [ctypes.POINTER(_Model), _I, _P, _P, _P, _P, _I, _I, _I]
-    lib.spectool_forward.argtypes += [_P, _P, _P, _P]
+    lib.spectool_forward.argtypes += [_P, _P, _P, _P, _P]
     lib.spectool_matmul.restype = None
     lib.spectool_matmul.argtypes = [_P, _I, _I, _P, _I, _P]
     return lib
@@ -139,55 +143,62 @@ def _f16(weight: Tensor) -> Tensor | None:
     return half if torch.equal(half.float(), weight.detach().t()) else None
 
 
-class NativeModel:
-    """A :class:`~spectool.engine.model.Transformer` bound to the kernel: its float16 weights
-    (``[out, in]``, kept alive here), the layer table, a reusable scratch buffer."""
+class _Bound:
+    """Layers bound to the kernel: the table of pointers, the tensors that own them (float16
+    weights ``[out, in]``, norms, rotary table), a reusable scratch buffer."""
 
     def __init__(
-        self, lib: ctypes.CDLL, model: Transformer, tensors: list[Tensor], head: Tensor
+        self,
+        lib: ctypes.CDLL,
+        args: Any,  # ModelArgs
+        layers: list[dict[str, Tensor]],  # attn_norm (or absent), wqkv, wo, ffn_norm, w13, w2
+        final_norm: Tensor | None,
+        rope: Tensor,  # [max_pos, 2, head_dim] float32
     ) -> None:
         self.lib = lib
-        self.model = model
-        self.head = head  # the LM head, [V, dim] float16
-        self._tensors = tensors  # owners of every pointer in the table
-        args = model.args
-        self._layers = (_Layer * args.n_layers)()
-        self._struct = _Model()
+        self.args = args
+        self._tensors = [t for entry in layers for t in entry.values()] + [rope]
+        self._tensors += [final_norm] if final_norm is not None else []
+        self._layers = (_Layer * len(layers))()
+        for i, entry in enumerate(layers):
+            for name, tensor in entry.items():
+                setattr(self._layers[i], name, tensor.data_ptr())
+            self._layers[i].qkv_in = entry["wqkv"].shape[1]
+        m = self._struct = _Model()
+        m.dim, m.n_layers, m.n_heads = args.dim, len(layers), args.n_heads
+        m.n_kv_heads, m.head_dim, m.hidden = args.n_kv_heads, args.head_dim, args.intermediate_size
+        m.eps = float(args.norm_eps)
+        m.layers = self._layers
+        m.final_norm = final_norm.data_ptr() if final_norm is not None else None
+        m.rope, m.max_pos = rope.data_ptr(), rope.shape[0]
         self._scratch = torch.empty(0)
 
     def weights(self) -> list[Tensor]:
-        """Every float16 weight the kernel multiplies by (``[out, in]``), the LM head last."""
-        return [t for t in self._tensors if t.dtype == torch.float16] + [self.head]
+        return [t for t in self._tensors if t.dtype == torch.float16]
 
     def product(self, x: Tensor, weight: Tensor, out: Tensor) -> None:
         """``out = x @ weight.T`` with the kernel's product (``x`` [N, in] float32 contiguous,
-        ``weight`` [out, in] float16, ``out`` [N, out] float32): for benchmarks' floors."""
+        ``weight`` [out, in] float16, ``out`` [N, out] float32)."""
         self.lib.spectool_matmul(
             x.data_ptr(), x.shape[0], x.shape[1], weight.data_ptr(), weight.shape[0], out.data_ptr()
         )
 
-    def forward(
+    def run(
         self,
-        tokens: Tensor,  # [B, T]
-        positions: Tensor,  # [B, T], -1 = padding
+        x: Tensor,  # [N, dim] float32 contiguous, updated in place: the residual stream
+        pos: Tensor,  # [N] int64 contiguous, -1 = padding
+        rows: Tensor,  # [N] int64 contiguous: cache slots
         cache: KVCache,
-        slots: Tensor,  # [B]
-        select: Tensor | None,
-        hidden_layers: Sequence[int],
-    ) -> Any:
-        """As :meth:`Transformer.forward` with a cache (which calls it)."""
-        model, args = self.model, self.model.args
-        bsz, seqlen = positions.shape
-        n = bsz * seqlen
-        x = model.tok_embeddings.weight.index_select(0, tokens.reshape(-1))  # [N, dim], fresh
-        pos = positions.reshape(-1).contiguous()
-        rows = slots if seqlen == 1 else slots[:, None].expand(bsz, seqlen).reshape(-1)
-        rows = rows.contiguous()
+        hidden_layers: Sequence[int] = (),
+        attn_in: Tensor | None = None,  # [N, qkv_in] for layers without attn_norm
+    ) -> tuple[Tensor, Tensor]:
+        """One call through every layer; returns (final-normed rows (junk without a final
+        norm), captured layer outputs ``[N, len(hidden_layers) * dim]``)."""
+        n, dim = x.shape
         capture = torch.tensor(list(hidden_layers), dtype=torch.int64)
-        captured = x.new_empty(n, len(hidden_layers) * args.dim)
-        normed = x.new_empty(n, args.dim)
-        max_len = cache.max_seq_len
-        need = self.lib.spectool_scratch_floats(ctypes.byref(self._struct), n, max_len)
+        captured = x.new_empty(n, len(hidden_layers) * dim)
+        normed = x.new_empty(n, dim)
+        need = self.lib.spectool_scratch_floats(ctypes.byref(self._struct), n, cache.max_seq_len)
         if self._scratch.numel() < need:
             self._scratch = torch.empty(need, dtype=torch.float32)
         kv = cache.kv
@@ -204,21 +215,88 @@ class NativeModel:
             capture.data_ptr(),
             captured.data_ptr(),
             normed.data_ptr(),
+            attn_in.data_ptr() if attn_in is not None else None,
             self._scratch.data_ptr(),
         )
         if status != 0:
             raise ValueError(
                 f"a position or slot lies outside the rope table ({self._struct.max_pos}) "
                 f"or the cache ({kv.shape[1]} slots, {kv.shape[3]} positions)"
+                if status == -1
+                else "a layer without its norm needs attn_in"
             )
-        out = normed.view(bsz, seqlen, args.dim)
+        return normed, captured
+
+
+def _rows(positions: Tensor, slots: Tensor) -> tuple[Tensor, Tensor]:
+    """Token-major positions and cache slots ``[B * T]`` of a ``[B, T]`` call."""
+    bsz, seqlen = positions.shape
+    rows = slots if seqlen == 1 else slots[:, None].expand(bsz, seqlen).reshape(-1)
+    return positions.reshape(-1).contiguous(), rows.contiguous()
+
+
+def _layer_weights(attn: Any, ffn: Any) -> dict[str, Tensor] | None:
+    """The float16 ``[out, in]`` copies of a layer's projections, or None where one has a bias,
+    the attention a q/k norm, or a weight float16 does not hold."""
+    if attn.q_norm is not None or any(p.has_bias for p in (attn.wqkv, attn.wo, ffn.w13, ffn.w2)):
+        return None
+    entry = {}
+    for name, proj in (("wqkv", attn.wqkv), ("wo", attn.wo), ("w13", ffn.w13), ("w2", ffn.w2)):
+        half = _f16(proj.weight)
+        if half is None:
+            return None
+        entry[name] = half
+    return entry
+
+
+def _fits(args: Any, weight: Tensor, rope: Tensor | None) -> bool:
+    """Whether the kernel takes a model of these shapes, dtype and device at all."""
+    if weight.device.type != "cpu" or weight.dtype != torch.float32 or rope is None:
+        return False
+    widths = (args.dim, args.n_heads * args.head_dim, args.intermediate_size, args.head_dim)
+    return not (any(w % 8 for w in widths) or args.head_dim > 512 or args.n_heads % args.n_kv_heads)
+
+
+class NativeModel:
+    """A :class:`~spectool.engine.model.Transformer` on the kernel: its layers (:class:`_Bound`)
+    and its LM head as a float16 ``[V, dim]`` copy (the kernel's product: rows independent)."""
+
+    def __init__(self, model: Transformer, bound: _Bound, head: Tensor) -> None:
+        self.model = model
+        self.bound = bound
+        self.head = head
+
+    def weights(self) -> list[Tensor]:
+        """Every float16 weight the kernel multiplies by (``[out, in]``), the LM head last."""
+        return [*self.bound.weights(), self.head]
+
+    def product(self, x: Tensor, weight: Tensor, out: Tensor) -> None:
+        """The kernel's product, ``out = x @ weight.T`` (for benchmarks' floors)."""
+        self.bound.product(x, weight, out)
+
+    def forward(
+        self,
+        tokens: Tensor,  # [B, T]
+        positions: Tensor,  # [B, T], -1 = padding
+        cache: KVCache,
+        slots: Tensor,  # [B]
+        select: Tensor | None,
+        hidden_layers: Sequence[int],
+    ) -> Any:
+        """As :meth:`Transformer.forward` with a cache (which calls it)."""
+        dim = self.model.args.dim
+        bsz, seqlen = positions.shape
+        x = self.model.tok_embeddings.weight.index_select(0, tokens.reshape(-1))  # fresh
+        pos, rows = _rows(positions, slots)
+        normed, captured = self.bound.run(x, pos, rows, cache, hidden_layers)
+        out = normed.view(bsz, seqlen, dim)
         if select is not None:
-            out = torch.gather(out, 1, select[:, :, None].expand(-1, -1, args.dim))
+            out = torch.gather(out, 1, select[:, :, None].expand(-1, -1, dim))
         steps = out.shape[1]
-        out = out.reshape(bsz * steps, args.dim).contiguous()
+        out = out.reshape(bsz * steps, dim).contiguous()
         vocab = self.head.shape[0]
         logits = out.new_empty(bsz * steps, vocab)
-        self.product(out, self.head, logits)
+        self.bound.product(out, self.head, logits)
         logits = logits.view(bsz, steps, vocab)
         if not hidden_layers:
             return logits
@@ -228,50 +306,106 @@ class NativeModel:
 def bind(model: Transformer) -> NativeModel | None:
     """The model bound to the kernel, or None where the kernel or the model does not fit it."""
     args = model.args
-    weight = model.tok_embeddings.weight
-    if weight.device.type != "cpu" or weight.dtype != torch.float32 or model.rope_cos_sin is None:
-        return None
-    widths = (args.dim, args.n_heads * args.head_dim, args.intermediate_size, args.head_dim)
-    if any(w % 8 for w in widths) or args.head_dim > 512 or args.n_heads % args.n_kv_heads:
+    if not _fits(args, model.tok_embeddings.weight, model.rope_cos_sin):
         return None
     lib = library()
     if lib is None:
         return None
-    tensors: list[Tensor] = []
-    table: list[dict[str, Tensor]] = []
+    layers = []
     for layer in model.layers:
-        attn, ffn = layer.attention, layer.feed_forward
-        if attn.q_norm is not None or any(
-            p.has_bias for p in (attn.wqkv, attn.wo, ffn.w13, ffn.w2)
-        ):
+        entry = _layer_weights(layer.attention, layer.feed_forward)
+        if entry is None:
             return None
-        entry = {
-            "attn_norm": layer.attention_norm.weight.detach().contiguous(),
-            "ffn_norm": layer.ffn_norm.weight.detach().contiguous(),
-        }
-        for name, proj in (("wqkv", attn.wqkv), ("wo", attn.wo), ("w13", ffn.w13), ("w2", ffn.w2)):
-            half = _f16(proj.weight)
-            if half is None:
-                return None
-            entry[name] = half
-        if any(t.dtype != torch.float32 for k, t in entry.items() if k.endswith("norm")):
-            return None
-        table.append(entry)
-        tensors.extend(entry.values())
-    final_norm = model.norm.weight.detach().contiguous()
-    rope = model.rope_cos_sin.contiguous()
+        entry["attn_norm"] = layer.attention_norm.weight.detach().contiguous()
+        entry["ffn_norm"] = layer.ffn_norm.weight.detach().contiguous()
+        layers.append(entry)
     head = _f16(model.output.weight)
     if head is None or model.output.has_bias:
         return None
-    tensors += [final_norm, rope]
-    native = NativeModel(lib, model, tensors, head)
-    for i, entry in enumerate(table):
-        for name, tensor in entry.items():
-            setattr(native._layers[i], name, tensor.data_ptr())
-    s = native._struct
-    s.dim, s.n_layers, s.n_heads = args.dim, args.n_layers, args.n_heads
-    s.n_kv_heads, s.head_dim, s.hidden = args.n_kv_heads, args.head_dim, args.intermediate_size
-    s.eps = float(args.norm_eps)
-    s.layers = native._layers
-    s.final_norm, s.rope, s.max_pos = final_norm.data_ptr(), rope.data_ptr(), rope.shape[0]
-    return native
+    bound = _Bound(
+        lib, args, layers, model.norm.weight.detach().contiguous(), model.rope_cos_sin.contiguous()
+    )
+    return NativeModel(model, bound, head)
+
+
+class NativeHead:
+    """An EAGLE-3 head's decoder layer on the kernel (:class:`~spectool.engine.eagle3_head.
+    Eagle3Head`): ``fc`` and the two input norms stay on PyTorch, the layer is one call."""
+
+    def __init__(self, head: Any, bound: _Bound) -> None:
+        self.head = head
+        self.bound = bound
+
+    def forward(
+        self,
+        embeds: Tensor,  # [N, dim]
+        hidden: Tensor,  # [N, C]
+        positions: Tensor,  # [B, T], -1 = padding
+        slots: Tensor,  # [B]
+        cache: KVCache,
+    ) -> Tensor:
+        """As :meth:`Eagle3Head.forward`: the layer's pre-norm output ``[N, dim]``."""
+        head = self.head
+        if hidden.shape[-1] != head.args.dim:
+            hidden = head.fc.forward(hidden)
+        both = torch.cat(
+            [head.input_layernorm.forward(embeds), head.hidden_norm.forward(hidden)], dim=-1
+        )
+        x = hidden.contiguous().clone()  # the residual stream, updated in place
+        pos, rows = _rows(positions, slots)
+        self.bound.run(x, pos, rows, cache, attn_in=both.contiguous())
+        return x
+
+
+def bind_eagle3_head(head: Any) -> NativeHead | None:
+    """An :class:`~spectool.engine.eagle3_head.Eagle3Head` bound to the kernel, or None."""
+    args = head.args
+    if not _fits(args, head.lm_head.weight, head.rope_cos_sin):
+        return None
+    lib = library()
+    if lib is None:
+        return None
+    entry = _layer_weights(head.attention, head.feed_forward)
+    if entry is None:
+        return None
+    entry["ffn_norm"] = head.post_attention_layernorm.weight.detach().contiguous()
+    bound = _Bound(lib, args, [entry], None, head.rope_cos_sin.contiguous())
+    return NativeHead(head, bound)
+
+
+class NativeMtp:
+    """An MTP module's decoder layer and output norm on the kernel (:class:`~spectool.engine.
+    mtp_module.MtpModule`): the input norms and ``eh_proj`` stay on PyTorch."""
+
+    def __init__(self, module: Any, bound: _Bound) -> None:
+        self.module = module
+        self.bound = bound
+
+    def forward(
+        self, embeds: Tensor, hidden: Tensor, positions: Tensor, slots: Tensor, cache: KVCache
+    ) -> Tensor:
+        """As :meth:`MtpModule.forward`: the normed output ``[N, dim]``."""
+        module = self.module
+        both = torch.cat([module.enorm.forward(embeds), module.hnorm.forward(hidden)], dim=-1)
+        x = module.eh_proj.forward(both).contiguous()  # fresh: updated in place
+        pos, rows = _rows(positions, slots)
+        normed, _ = self.bound.run(x, pos, rows, cache)
+        return normed
+
+
+def bind_mtp_module(module: Any) -> NativeMtp | None:
+    """An :class:`~spectool.engine.mtp_module.MtpModule` bound to the kernel, or None."""
+    args = module.args
+    if not _fits(args, module.eh_proj.weight, module.rope_cos_sin):
+        return None
+    lib = library()
+    if lib is None:
+        return None
+    block = module.block
+    entry = _layer_weights(block.attention, block.feed_forward)
+    if entry is None:
+        return None
+    entry["attn_norm"] = block.attention_norm.weight.detach().contiguous()
+    entry["ffn_norm"] = block.ffn_norm.weight.detach().contiguous()
+    final = module.head_norm.weight.detach().contiguous()
+    return NativeMtp(module, _Bound(lib, args, [entry], final, module.rope_cos_sin.contiguous()))

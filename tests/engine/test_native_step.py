@@ -224,3 +224,53 @@ def test_greedy_speculation_on_the_kernel_equals_plain_decoding(
     assert drafted > 0
     if method == "draft_model":
         assert 0 < accepted < drafted
+
+
+@pytest.mark.skipif(not CAN_BUILD, reason="needs x86-64 with AVX2 and a C compiler")
+@pytest.mark.parametrize("kind", ["eagle3", "mtp"])
+def test_the_demo_drafting_layers_run_on_the_kernel_as_on_pytorch(kind: str) -> None:
+    """The shipped EAGLE-3 head and MTP module (float16) run their layer on the kernel: the
+    same outputs as their PyTorch forward, over a prefill-shaped call with padding and then a
+    chain step, and the same keys and values in their caches."""
+    from spectool.ckpt.refs import builtin_path
+    from spectool.engine.eagle3_head import load_eagle3_head
+    from spectool.engine.model import make_step
+    from spectool.engine.mtp_module import load_mtp_module
+
+    target = load_model(builtin_path("demo-target"), max_seq_len=64)
+    if kind == "eagle3":
+        module, layers = load_eagle3_head(
+            builtin_path("demo-eagle3"), target.args, torch.device("cpu"), torch.float32, 64, True
+        )
+        width = len(layers) * target.args.dim
+    else:
+        module = load_mtp_module(
+            builtin_path("demo-target-mtp"),
+            target.args,
+            target.output,
+            torch.device("cpu"),
+            torch.float32,
+            64,
+            pack_fp16=True,
+        )
+        width = target.args.dim
+    assert module.native is not None
+    gen = torch.Generator().manual_seed(3)
+    calls = [  # (positions [B, T], slots, hidden width): a padded prefill, then a chain step
+        (torch.tensor([[0, 1, 2, 3, 4], [0, 1, 2, -1, -1]]), torch.tensor([2, 0]), width),
+        (torch.tensor([[5], [3]]), torch.tensor([2, 0]), target.args.dim),
+    ]
+    caches = [module.new_cache(4, 64) for _ in "ab"]
+    with torch.no_grad():
+        for positions, slots, w in calls:
+            n = positions.numel()
+            embeds = torch.randn(n, target.args.dim, generator=gen)
+            hidden = torch.randn(n, w, generator=gen)
+            got = module.native.forward(embeds, hidden, positions, slots, caches[0])
+            step = make_step(
+                module.args, module.rope_cos_sin, positions, caches[1], slots, target.output.weight
+            )
+            want = module.forward(embeds, hidden, step)
+            keep = (positions.reshape(-1) >= 0).nonzero().squeeze(1)
+            assert (got[keep] - want[keep]).abs().max() < 1e-4
+    assert (caches[0].kv - caches[1].kv).abs().max() < 1e-4

@@ -76,8 +76,14 @@ class Eagle3Proposer:
         assert head.rope_cos_sin is not None
         slot_ids = torch.tensor(list(slots), dtype=torch.long, device=self._device)
         positions = positions.to(self._device)
-        step = make_step(head.args, head.rope_cos_sin, positions, self.cache, slot_ids, self._embed)
         bsz, seqlen = positions.shape
+        if head.native is not None:
+            embeds = self._embed.index_select(0, tokens.reshape(-1))
+            out = head.native.forward(
+                embeds, hidden.reshape(bsz * seqlen, -1), positions, slot_ids, self.cache
+            )
+            return out.view(bsz, seqlen, -1)
+        step = make_step(head.args, head.rope_cos_sin, positions, self.cache, slot_ids, self._embed)
         embeds = self._embed.index_select(0, tokens.to(self._device).reshape(-1))
         out = head.forward(embeds, hidden.reshape(bsz * seqlen, -1), step)
         return out.view(bsz, seqlen, -1)
