@@ -30,7 +30,9 @@ than free cores, OpenMP's waiting dominates both sides.
 
 The demo checkpoints are float16: by default the engine multiplies by packed float16 copies of
 their weights (fbgemm; arithmetic in float32, same values as the float32 weights transformers
-uses); ``--no-pack-fp16`` runs every product on torch.mm instead, to see the kernel's share.
+uses), and the decoder layers run in one C call (``spectool.engine.native_step``) where it
+builds; ``--no-pack-fp16`` runs every product on torch.mm instead (no C step either), to see
+the kernels' share.
 """
 
 from __future__ import annotations
@@ -172,17 +174,21 @@ def load_hf(folder: Path) -> Any:
 
 
 def kernel_summary(engine: Any) -> str:
-    """Which kernel the engine's projections run on (target, then drafter)."""
+    """Which kernel the engine's products run on (target, then drafter): the C step
+    (spectool.engine.native_step) for the decoder layers and LM head, else each Projection's."""
     from spectool.engine.model import Projection
 
     parts = []
     for name, model in (("target", engine.target), ("drafter", engine.drafter)):
         if model is None:
             continue
+        if model.native is not None:
+            parts.append(f"{name} on the C step (float16 weights, float32 sums)")
+            continue
         projections = [m for m in model.modules() if isinstance(m, Projection)]
         packed = sum(p.packed is not None for p in projections)
         parts.append(f"{name} {packed}/{len(projections)} on fbgemm float16 weights")
-    return "; ".join(parts) + " (the rest on torch.mm, float32)"
+    return "; ".join(parts) + " (torch.mm, float32, for any product not named)"
 
 
 def head_to_head(args: argparse.Namespace, target: Path, drafter: Path) -> tuple[bool, bool]:

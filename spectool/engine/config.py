@@ -36,7 +36,8 @@ class EngineConfig:
     ``"cuda"``, ``"cuda:N"`` or ``"auto"``. ``dtype``: ``float32``, ``float64``, ``bfloat16``
     or ``float16``. ``pack_fp16_weights``: on CPU in float32, weights that float16 holds exactly
     (float16 checkpoints) also get a float16 copy for fbgemm's kernel, which multiplies in float32
-    (see :class:`~spectool.engine.model.Projection`); False keeps every product on torch.mm.
+    (see :class:`~spectool.engine.model.Projection`), and the decoder layers run in one C call
+    where it fits (:mod:`spectool.engine.native_step`); False keeps every product on torch.mm.
     """
 
     method: str = "none"

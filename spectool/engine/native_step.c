@@ -194,6 +194,13 @@ static inline __m256 hsum8(const __m256 *a) {
     return _mm256_add_ps(_mm256_permute2f128_ps(lo, hi, 0x20), _mm256_permute2f128_ps(lo, hi, 0x31));
 }
 
+/* out[0:8] = sum over t of p[t] v[t * D + 0:8], in t order. */
+static inline void weigh_values(const float *p, const float *v, int64_t len, int64_t D, float *out) {
+    __m256 a = _mm256_setzero_ps();
+    for (int64_t t = 0; t < len; t++) a = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), _mm256_loadu_ps(v + t * D), a);
+    _mm256_storeu_ps(out, a);
+}
+
 /* The `groups` query heads q [groups, D] that share one kv head attend to its keys and values
  * [len, D] (positions 0 .. len - 1): out [groups, D]. One pass over the keys and one per 32
  * dimensions over the values serve all the group's heads. scores: groups * (len + 8) floats.
@@ -206,13 +213,13 @@ static void attend(const float *q, int64_t groups, int64_t D, int64_t len, const
         float *sg = scores + g * stride;
         int64_t t = 0;
         for (; t + 8 <= len; t += 8) {
-            __m256 a[8];
-            for (int k = 0; k < 8; k++) {
-                const float *key = keys + (t + k) * D;
-                __m256 acc = _mm256_setzero_ps();
-                for (int64_t i = 0; i < D; i += 8)
-                    acc = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i), _mm256_loadu_ps(key + i), acc);
-                a[k] = acc;
+            __m256 a[8];  /* eight keys side by side: eight independent sums */
+            for (int k = 0; k < 8; k++) a[k] = _mm256_setzero_ps();
+            for (int64_t i = 0; i < D; i += 8) {
+                const __m256 qv = _mm256_loadu_ps(qg + i);
+#pragma GCC unroll 8
+                for (int k = 0; k < 8; k++)
+                    a[k] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(keys + (t + k) * D + i), a[k]);
             }
             _mm256_storeu_ps(sg + t, _mm256_mul_ps(hsum8(a), _mm256_set1_ps(scale)));
         }
@@ -233,26 +240,36 @@ static void attend(const float *q, int64_t groups, int64_t D, int64_t len, const
         const float inv = 1.0f / sum;
         for (t = 0; t < len; t++) sg[t] *= inv;
     }
-    for (int64_t g = 0; g < groups; g++) memset(out + g * D, 0, (size_t)D * sizeof(float));
-    for (int64_t g0 = 0; g0 < groups; g0 += 2) {  /* two heads x 32 dimensions: 8 accumulators */
-        const int64_t gn = groups - g0 < 2 ? groups - g0 : 2;
-        for (int64_t i = 0; i < D; i += 32) {
-            __m256 acc[8];
-            for (int k = 0; k < 8; k++) acc[k] = _mm256_setzero_ps();
-            const int64_t width = D - i < 32 ? (D - i) / 8 : 4;
+    /* out[g, d] = sum over t of p[g, t] v[t, d], in t order for every (g, d); two heads x 32
+     * dimensions at a time (8 named accumulators, kept in registers), then one head, then 8
+     * dimensions: the grouping never changes a sum. */
+    int64_t g = 0;
+    for (; g + 2 <= groups; g += 2) {
+        const float *p0 = scores + g * stride, *p1 = p0 + stride;
+        int64_t i = 0;
+        for (; i + 32 <= D; i += 32) {
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
             for (int64_t t = 0; t < len; t++) {
                 const float *v = vals + t * D + i;
-                for (int64_t gg = 0; gg < gn; gg++) {
-                    const __m256 p = _mm256_set1_ps(scores[(g0 + gg) * stride + t]);
-                    for (int64_t k = 0; k < width; k++)
-                        acc[gg * 4 + k] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * k), acc[gg * 4 + k]);
-                }
+                const __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
+                const __m256 v2 = _mm256_loadu_ps(v + 16), v3 = _mm256_loadu_ps(v + 24);
+                const __m256 q0 = _mm256_set1_ps(p0[t]), q1 = _mm256_set1_ps(p1[t]);
+                a0 = _mm256_fmadd_ps(q0, v0, a0); a1 = _mm256_fmadd_ps(q0, v1, a1);
+                a2 = _mm256_fmadd_ps(q0, v2, a2); a3 = _mm256_fmadd_ps(q0, v3, a3);
+                b0 = _mm256_fmadd_ps(q1, v0, b0); b1 = _mm256_fmadd_ps(q1, v1, b1);
+                b2 = _mm256_fmadd_ps(q1, v2, b2); b3 = _mm256_fmadd_ps(q1, v3, b3);
             }
-            for (int64_t gg = 0; gg < gn; gg++)
-                for (int64_t k = 0; k < width; k++)
-                    _mm256_storeu_ps(out + (g0 + gg) * D + i + 8 * k, acc[gg * 4 + k]);
+            float *o0 = out + g * D + i, *o1 = o0 + D;
+            _mm256_storeu_ps(o0, a0); _mm256_storeu_ps(o0 + 8, a1);
+            _mm256_storeu_ps(o0 + 16, a2); _mm256_storeu_ps(o0 + 24, a3);
+            _mm256_storeu_ps(o1, b0); _mm256_storeu_ps(o1 + 8, b1);
+            _mm256_storeu_ps(o1 + 16, b2); _mm256_storeu_ps(o1 + 24, b3);
         }
+        for (; i < D; i += 8) weigh_values(p0, vals + i, len, D, out + g * D + i), weigh_values(p1, vals + i, len, D, out + (g + 1) * D + i);
     }
+    for (; g < groups; g++)
+        for (int64_t i = 0; i < D; i += 8) weigh_values(scores + g * stride, vals + i, len, D, out + g * D + i);
 }
 
 /* Scratch floats one forward of n rows needs (see spectool_forward). */

@@ -328,6 +328,18 @@ def bind(model: Transformer) -> NativeModel | None:
     return NativeModel(model, bound, head)
 
 
+def _one_layer(
+    args: Any, like: Tensor, rope: Tensor | None, owner: Any
+) -> tuple[ctypes.CDLL, dict[str, Tensor]] | None:
+    """The kernel and the float16 weights of ``owner``'s one decoder layer (its ``attention``
+    and ``feed_forward``), or None where either does not fit."""
+    if not _fits(args, like, rope):
+        return None
+    lib = library()
+    entry = _layer_weights(owner.attention, owner.feed_forward) if lib is not None else None
+    return None if lib is None or entry is None else (lib, entry)
+
+
 class NativeHead:
     """An EAGLE-3 head's decoder layer on the kernel (:class:`~spectool.engine.eagle3_head.
     Eagle3Head`): ``fc`` and the two input norms stay on PyTorch, the layer is one call."""
@@ -359,18 +371,12 @@ class NativeHead:
 
 def bind_eagle3_head(head: Any) -> NativeHead | None:
     """An :class:`~spectool.engine.eagle3_head.Eagle3Head` bound to the kernel, or None."""
-    args = head.args
-    if not _fits(args, head.lm_head.weight, head.rope_cos_sin):
+    found = _one_layer(head.args, head.lm_head.weight, head.rope_cos_sin, head)
+    if found is None:
         return None
-    lib = library()
-    if lib is None:
-        return None
-    entry = _layer_weights(head.attention, head.feed_forward)
-    if entry is None:
-        return None
+    lib, entry = found
     entry["ffn_norm"] = head.post_attention_layernorm.weight.detach().contiguous()
-    bound = _Bound(lib, args, [entry], None, head.rope_cos_sin.contiguous())
-    return NativeHead(head, bound)
+    return NativeHead(head, _Bound(lib, head.args, [entry], None, head.rope_cos_sin.contiguous()))
 
 
 class NativeMtp:
@@ -395,17 +401,13 @@ class NativeMtp:
 
 def bind_mtp_module(module: Any) -> NativeMtp | None:
     """An :class:`~spectool.engine.mtp_module.MtpModule` bound to the kernel, or None."""
-    args = module.args
-    if not _fits(args, module.eh_proj.weight, module.rope_cos_sin):
-        return None
-    lib = library()
-    if lib is None:
-        return None
     block = module.block
-    entry = _layer_weights(block.attention, block.feed_forward)
-    if entry is None:
+    found = _one_layer(module.args, module.eh_proj.weight, module.rope_cos_sin, block)
+    if found is None:
         return None
+    lib, entry = found
     entry["attn_norm"] = block.attention_norm.weight.detach().contiguous()
     entry["ffn_norm"] = block.ffn_norm.weight.detach().contiguous()
     final = module.head_norm.weight.detach().contiguous()
-    return NativeMtp(module, _Bound(lib, args, [entry], final, module.rope_cos_sin.contiguous()))
+    rope = module.rope_cos_sin.contiguous()
+    return NativeMtp(module, _Bound(lib, module.args, [entry], final, rope))
