@@ -172,6 +172,7 @@ class _Bound:
         m.final_norm = final_norm.data_ptr() if final_norm is not None else None
         m.rope, m.max_pos = rope.data_ptr(), rope.shape[0]
         self._scratch = torch.empty(0)
+        self._captures: dict[tuple[int, ...], Tensor] = {}  # layer lists as int64 tensors
 
     def weights(self) -> list[Tensor]:
         return [t for t in self._tensors if t.dtype == torch.float16]
@@ -195,8 +196,11 @@ class _Bound:
         """One call through every layer; returns (final-normed rows (junk without a final
         norm), captured layer outputs ``[N, len(hidden_layers) * dim]``)."""
         n, dim = x.shape
-        capture = torch.tensor(list(hidden_layers), dtype=torch.int64)
-        captured = x.new_empty(n, len(hidden_layers) * dim)
+        layers = tuple(hidden_layers)
+        capture = self._captures.get(layers)
+        if capture is None:
+            capture = self._captures[layers] = torch.tensor(layers, dtype=torch.int64)
+        captured = x.new_empty(n, len(layers) * dim)  # returned: fresh every call
         normed = x.new_empty(n, dim)
         need = self.lib.spectool_scratch_floats(ctypes.byref(self._struct), n, cache.max_seq_len)
         if self._scratch.numel() < need:
@@ -265,6 +269,7 @@ class NativeModel:
         self.model = model
         self.bound = bound
         self.head = head
+        self._tied = bool(model.args.tie_word_embeddings)
 
     def weights(self) -> list[Tensor]:
         """Every float16 weight the kernel multiplies by (``[out, in]``), the LM head last."""
@@ -286,7 +291,13 @@ class NativeModel:
         """As :meth:`Transformer.forward` with a cache (which calls it)."""
         dim = self.model.args.dim
         bsz, seqlen = positions.shape
-        x = self.model.tok_embeddings.weight.index_select(0, tokens.reshape(-1))  # fresh
+        # [N, dim], fresh: rows of the float16 LM head when the embeddings are tied to it (a
+        # contiguous copy of the same values; the float32 table is its transposed view, slow to
+        # gather from), else of the embedding table
+        if self._tied:
+            x = self.head.index_select(0, tokens.reshape(-1)).float()
+        else:
+            x = self.model.tok_embeddings.weight.index_select(0, tokens.reshape(-1))
         pos, rows = _rows(positions, slots)
         normed, captured = self.bound.run(x, pos, rows, cache, hidden_layers)
         out = normed.view(bsz, seqlen, dim)
