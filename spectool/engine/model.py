@@ -309,6 +309,14 @@ class Transformer(nn.Module):
         self.native = bind(self)
         return self.native is not None
 
+    def embed(self, ids: Tensor) -> Tensor:
+        """Embedding rows ``[N, dim]`` of token ids ``[N]``, a fresh tensor (from the C step's
+        contiguous float16 copy when the table is tied to it: the same values, faster to gather
+        than the transposed float32 view)."""
+        if self.native is not None:
+            return self.native.embed(ids)
+        return self.tok_embeddings.weight.index_select(0, ids)
+
     def setup_rope(self, max_seq_len: int) -> None:
         """Precompute rotary tables for positions ``0 .. max_seq_len - 1`` on the weights' device."""
         cos, sin = rope_tables(self.args, max_seq_len)
@@ -366,7 +374,7 @@ class Transformer(nn.Module):
             return self.native.forward(tokens, positions, cache, slots, select, hidden_layers)
         weight = self.tok_embeddings.weight
         step = make_step(self.args, self.rope_cos_sin, positions, cache, slots, weight)
-        x = weight.index_select(0, tokens.reshape(-1))  # [N, dim], N = B * T, token-major
+        x = self.embed(tokens.reshape(-1))  # [N, dim], N = B * T, token-major
         captured: list[Tensor] = []
         if hidden_layers:
             wanted = self._check_hidden_layers(hidden_layers)

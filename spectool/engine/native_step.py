@@ -279,6 +279,14 @@ class NativeModel:
         """The kernel's product, ``out = x @ weight.T`` (for benchmarks' floors)."""
         self.bound.product(x, weight, out)
 
+    def embed(self, ids: Tensor) -> Tensor:
+        """Embedding rows ``[N, dim]`` of ``ids`` ``[N]``, fresh: rows of the float16 LM head
+        when the embeddings are tied to it (a contiguous copy of the same values; the float32
+        table is its transposed view, slow to gather from), else of the embedding table."""
+        if self._tied:
+            return self.head.index_select(0, ids).float()
+        return self.model.tok_embeddings.weight.index_select(0, ids)
+
     def forward(
         self,
         tokens: Tensor,  # [B, T]
@@ -291,13 +299,7 @@ class NativeModel:
         """As :meth:`Transformer.forward` with a cache (which calls it)."""
         dim = self.model.args.dim
         bsz, seqlen = positions.shape
-        # [N, dim], fresh: rows of the float16 LM head when the embeddings are tied to it (a
-        # contiguous copy of the same values; the float32 table is its transposed view, slow to
-        # gather from), else of the embedding table
-        if self._tied:
-            x = self.head.index_select(0, tokens.reshape(-1)).float()
-        else:
-            x = self.model.tok_embeddings.weight.index_select(0, tokens.reshape(-1))
+        x = self.embed(tokens.reshape(-1))  # [N, dim], fresh: the residual stream
         pos, rows = _rows(positions, slots)
         normed, captured = self.bound.run(x, pos, rows, cache, hidden_layers)
         out = normed.view(bsz, seqlen, dim)
@@ -374,7 +376,7 @@ class NativeHead:
         both = torch.cat(
             [head.input_layernorm.forward(embeds), head.hidden_norm.forward(hidden)], dim=-1
         )
-        x = hidden.contiguous().clone()  # the residual stream, updated in place
+        x = hidden.clone(memory_format=torch.contiguous_format)  # the residual, updated in place
         pos, rows = _rows(positions, slots)
         self.bound.run(x, pos, rows, cache, attn_in=both.contiguous())
         return x

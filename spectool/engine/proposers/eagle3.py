@@ -45,7 +45,8 @@ class Eagle3Proposer:
         self.max_seq_len = max_seq_len
         self.cache = head.new_cache(max_batch_size, max_seq_len)
         self.vocab_size = target.args.vocab_size
-        self._embed = target.tok_embeddings.weight  # the head reads the target's embeddings
+        self._target = target  # the head reads the target's embeddings (Transformer.embed)
+        self._embed = target.tok_embeddings.weight
         self._device = self._embed.device
         self.done: dict[int, int] = {}
         self.pending: dict[int, list[Tensor]] = {}
@@ -77,15 +78,15 @@ class Eagle3Proposer:
         slot_ids = torch.tensor(list(slots), dtype=torch.long, device=self._device)
         positions = positions.to(self._device)
         bsz, seqlen = positions.shape
+        embeds = self._target.embed(tokens.to(self._device).reshape(-1))
+        feats = hidden.reshape(bsz * seqlen, -1)
         if head.native is not None:
-            embeds = self._embed.index_select(0, tokens.reshape(-1))
-            out = head.native.forward(
-                embeds, hidden.reshape(bsz * seqlen, -1), positions, slot_ids, self.cache
+            out = head.native.forward(embeds, feats, positions, slot_ids, self.cache)
+        else:
+            step = make_step(
+                head.args, head.rope_cos_sin, positions, self.cache, slot_ids, self._embed
             )
-            return out.view(bsz, seqlen, -1)
-        step = make_step(head.args, head.rope_cos_sin, positions, self.cache, slot_ids, self._embed)
-        embeds = self._embed.index_select(0, tokens.to(self._device).reshape(-1))
-        out = head.forward(embeds, hidden.reshape(bsz * seqlen, -1), step)
+            out = head.forward(embeds, feats, step)
         return out.view(bsz, seqlen, -1)
 
     def _feed(
