@@ -16,9 +16,12 @@ What a CPU user would pick instead of spectool's engine is llama.cpp, so this is
    rounds it covers the median with probability 1 - 2 * 0.5**R: 94% at 5 rounds).
 3. The floor: the target's weight products alone (every projection of every layer and the LM
    head, the engine's own kernels and weights) in a tight loop on the same thread(s): the
-   fastest any engine could run one decode step on this core with these kernels. The step time
-   outside matrix work is measured step time minus the floor, and a torch profile of one decode
-   splits it by operator.
+   fastest any engine could run one decode step on this core with these kernels. On the C step,
+   the kernel's own profile splits the same decode steps into matrix work (the layers' products
+   and the LM head, each timed as it runs) and the rest: the C layers' attention, norms, rotary
+   and activations, the forward's Python, the engine's step around it. Step time minus the
+   floor (the two timed apart, the floor with its weights hot in cache) is printed too, and a
+   torch profile of one decode splits the PyTorch path's time by operator.
 4. The batched curve: the engine's decode tokens/s at batch 1..32 beside the floor at each batch.
 
 llama-cpp-python is an optional benchmark dependency (``pip install gguf llama-cpp-python``; it
@@ -291,18 +294,24 @@ def profile_step(engine: Any, prompt: list[int], n: int) -> list[tuple[str, floa
     return sorted(rows, key=lambda r: -r[1])
 
 
-def native_split(engine: Any, prompt: list[int], n: int) -> tuple[float, float]:
-    """Where a batch-1 decode step's time goes when the target runs on the C step: seconds per
-    step inside the model's forward (embedding, the C layers, the LM head) and in the whole
-    step, over one decode of ``n`` tokens (the first token's prefill excluded)."""
+def native_split(engine: Any, prompt: list[int], n: int) -> dict[str, float]:
+    """Where a batch-1 decode step's time goes when the target runs on the C step, in the same
+    steps (the kernel's own profile, two clock reads per product): milliseconds per decode step
+    (the first token's prefill excluded) of the whole step, the model's forward (embedding, the
+    C layers, the LM head), the C layers, and the weight products inside them and in the LM
+    head, over one decode of ``n`` tokens."""
+    from spectool.engine import native_step
+
     native = engine.target.native
     inner = native.forward
-    spent: list[float] = []
+    spent: list[tuple[float, native_step.Profile]] = []
 
     def timed(*args: Any) -> Any:
+        native_step.profile(True)
         t0 = time.perf_counter()
         out = inner(*args)
-        spent.append(time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        spent.append((seconds, native_step.profile(False)))
         return out
 
     native.forward = timed
@@ -311,7 +320,14 @@ def native_split(engine: Any, prompt: list[int], n: int) -> tuple[float, float]:
     finally:
         del native.forward  # the bound method again
     steps = spent[-tokens:]  # one forward per decode step after the first token
-    return sum(steps) / len(steps), seconds / tokens
+    per_step = {
+        "step": seconds / tokens,
+        "forward": sum(t for t, _ in steps) / tokens,
+        "c_layers": sum(p.forwards for _, p in steps) / tokens,
+        "layer_products": sum(p.layer_products for _, p in steps) / tokens,
+        "head_product": sum(p.products for _, p in steps) / tokens,
+    }
+    return {key: value * 1e3 for key, value in per_step.items()}
 
 
 MATRIX_OPS = ("aten::fbgemm_linear_fp16_weight", "aten::mm", "aten::addmm", "aten::linear")
@@ -431,12 +447,19 @@ def main() -> int:
         f"outside matrix work {(step - floor) * 1e3:.3f} ms ({(step - floor) / step:.0%} of the step)"
     )
     if base.target.native is not None:
-        forward, whole = native_split(base, prompts[0], n)
+        split = [native_split(base, prompts[0], n) for _ in range(3)]
+        ms = {key: statistics.median(s[key] for s in split) for key in split[0]}
+        matrix = ms["layer_products"] + ms["head_product"]
         print(
-            f"C step (spectool.engine.native_step): per decode step {whole * 1e3:.3f} ms, of it "
-            f"the model's forward {forward * 1e3:.3f} ms = matrix floor {floor * 1e3:.3f} + "
-            f"attention, norms, rotary, activations {(forward - floor) * 1e3:.3f}; the engine's "
-            f"step around it (sampling, scheduling, bookkeeping) {(whole - forward) * 1e3:.3f} ms"
+            f"C step's own profile (spectool.engine.native_step.profile), batch-1 decode, median "
+            f"of 3 decodes of {n} tokens, ms per step: whole step {ms['step']:.3f} = matrix "
+            f"work {matrix:.3f} (layers {ms['layer_products']:.3f}, LM head "
+            f"{ms['head_product']:.3f}) + outside matrix work {ms['step'] - matrix:.3f}: "
+            f"attention, norms, rotary, activations in C "
+            f"{ms['c_layers'] - ms['layer_products']:.3f}, the forward's Python (embedding, "
+            f"buffers) {ms['forward'] - ms['c_layers'] - ms['head_product']:.3f}, the engine's "
+            f"step around it (sampling, scheduling, bookkeeping) "
+            f"{ms['step'] - ms['forward']:.3f}"
         )
     rows = profile_step(base, prompts[0], n)
     total = sum(ms for _, ms in rows)

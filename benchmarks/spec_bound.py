@@ -16,7 +16,12 @@ request's first token), rounds interleaved (baseline, draft_model, eagle3, order
   baseline's time per decode step (``verify_ms``), the same round;
 * efficiency: speed-up / bound, median and min-max over rounds; and against the bound with the
   verify pass priced at its measured cost v (in baseline forwards), ``E / (v + k c)``: what is
-  left is the engine's own work around the forwards.
+  left is the engine's own work around the forwards;
+* on the C step, one more round with the target's forwards profiled by the kernel
+  (``spectool.engine.native_step.profile``): the weight products of a verify pass of k + 1 rows
+  against those of one row. A verify pass costs at least a baseline step plus its extra rows'
+  products, v_min; no work around the products can then reach more than
+  ``(1 + k c) / (v_min + k c)`` of the bound. That is the ceiling the kernel's arithmetic sets.
 
     python benchmarks/spec_bound.py [--k 4] [--rounds 5] [--prompts 4] [--max-tokens 128]
 """
@@ -34,6 +39,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 EFFICIENCY_TARGET = 0.9  # issue 27: speed-up >= 0.9 of the bound
+
+
+def target_products(engine: Any) -> dict[int, list[float]]:
+    """From now on, the C step's own profile of each target forward of ``engine``: the seconds
+    of its weight products (layers and LM head), listed by the forward's row count. The
+    drafter's forwards are not counted (the profile is on only inside the target's)."""
+    from spectool.engine import native_step
+
+    native = engine.target.native
+    inner = native.forward
+    by_rows: dict[int, list[float]] = {}
+
+    def timed(tokens: Any, *args: Any) -> Any:
+        native_step.profile(True)
+        out = inner(tokens, *args)
+        counted = native_step.profile(False)
+        by_rows.setdefault(tokens.numel(), []).append(counted.layer_products + counted.products)
+        return out
+
+    native.forward = timed
+    return by_rows
 
 
 def decode(engine: Any, prompts: list[list[int]], n: int) -> dict[str, float]:
@@ -113,6 +139,12 @@ def main() -> int:
         f"{args.max_tokens} new tokens, {args.rounds} interleaved rounds, 1 thread"
     )
     ok = True
+    on_c_step = base.target.native is not None
+    if on_c_step:  # one more round, the target's products profiled (not in the timed rounds)
+        products = {name: target_products(engine) for name, engine in engines.items()}
+        profiled = {name: decode(engines[name], prompts, args.max_tokens) for name in names}
+        one_row = statistics.median(products["none"][1])
+        base_ms = profiled["none"]["seconds"] * 1e3 / profiled["none"]["steps"]
     for method in drafters:
         eff, speed, bounds, es, cs, parts, vs, eff_v = [], [], [], [], [], [], [], []
         for base, spec in zip(runs["none"], runs[method], strict=True):
@@ -161,6 +193,22 @@ def main() -> int:
             f"baseline forwards) the bound E / (v + k c) is met at {statistics.median(eff_v):.2f} "
             f"({min(eff_v):.2f}-{max(eff_v):.2f}): the rest is the engine's own step"
         )
+        if on_c_step:
+            # The verify pass costs at least a baseline step plus its extra rows' products.
+            rows = products[method].get(args.k + 1, [])
+            if rows:
+                verify_products = statistics.median(rows)
+                v_min = 1 + (verify_products - one_row) * 1e3 / base_ms
+                kc = args.k * statistics.median(cs)
+                print(
+                    f"  {'':12s} the C step's profile: the products of a verify pass of "
+                    f"{args.k + 1} rows take {verify_products * 1e3:.3f} ms, of one row "
+                    f"{one_row * 1e3:.3f} ms ({verify_products / one_row:.2f}x); so the verify "
+                    f"pass costs at least {v_min:.2f} baseline steps and no engine step around "
+                    f"these products reaches more than (1 + k c) / ({v_min:.2f} + k c) = "
+                    f"{(1 + kc) / (v_min + kc):.2f} of E / (1 + k c) (baseline step "
+                    f"{base_ms:.3f} ms in this round)"
+                )
     print(f"target: efficiency >= {EFFICIENCY_TARGET} for both: {'met' if ok else 'NOT met'}")
     return 0 if ok else 1
 

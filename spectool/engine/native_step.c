@@ -22,6 +22,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct {
     const float *attn_norm;   /* [dim]; NULL: the attention input is the caller's attn_in */
@@ -42,7 +43,27 @@ typedef struct {
     int64_t max_pos;
 } Model;
 
-int spectool_native_abi(void) { return 2; }
+int spectool_native_abi(void) { return 3; }
+
+/* An optional profile for benchmarks (off unless spectool_profile turned it on): nanoseconds
+ * spent in the layers' weight products, in whole spectool_forward calls (their count too) and
+ * in spectool_matmul. One thread drives the engine, so plain counters do. */
+static int prof_on;
+static int64_t prof[4]; /* layers' products ns, forward ns, forward calls, spectool_matmul ns */
+
+static inline int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* Copies the counters to out[4] (when out is not NULL), zeroes them, and turns the profile on
+ * or off. */
+void spectool_profile(int on, int64_t *out) {
+    if (out) memcpy(out, prof, sizeof(prof));
+    memset(prof, 0, sizeof(prof));
+    prof_on = on;
+}
 
 static inline float hsum(__m256 v) {
     __m128 lo = _mm256_castps256_ps128(v);
@@ -74,7 +95,7 @@ static inline float dot1(const float *x, const uint16_t *w, int64_t in) {
 
 /* y[r, j] = sum_i x[r, i] w[j, i] (+ y[r, j] when add): rows in pairs, outputs in fours, each
  * (row, output) accumulated exactly as dot1 does. in % 8 == 0. */
-static void matmul(const float *x, int64_t n, int64_t in, const uint16_t *w, int64_t out,
+static void matmul_(const float *x, int64_t n, int64_t in, const uint16_t *w, int64_t out,
                    float *y, int add) {
     int64_t j = 0;
     prefetch(w, (out < 8 ? out : 8) * in);
@@ -135,10 +156,23 @@ static void matmul(const float *x, int64_t n, int64_t in, const uint16_t *w, int
         }
 }
 
+static void matmul(const float *x, int64_t n, int64_t in, const uint16_t *w, int64_t out,
+                   float *y, int add) {
+    if (!prof_on) {
+        matmul_(x, n, in, w, out, y, add);
+        return;
+    }
+    int64_t t0 = now_ns();
+    matmul_(x, n, in, w, out, y, add);
+    prof[0] += now_ns() - t0;
+}
+
 /* y [n, out] = x [n, in] w^T for w [out, in] float16 (the LM head): rows independent. */
 void spectool_matmul(const float *x, int64_t n, int64_t in, const uint16_t *w, int64_t out,
                      float *y) {
-    matmul(x, n, in, w, out, y, 0);
+    int64_t t0 = prof_on ? now_ns() : 0;
+    matmul_(x, n, in, w, out, y, 0);
+    if (prof_on) prof[3] += now_ns() - t0;
 }
 
 /* out = x / sqrt(mean(x^2) + eps) * weight, the mean of squares summed in double. */
@@ -290,10 +324,10 @@ int64_t spectool_scratch_floats(const Model *m, int64_t n, int64_t max_len) {
  * Returns 0, -1 when a position lies outside the rope table or the cache, -2 without attn_in
  * where a layer needs it.
  */
-int spectool_forward(const Model *m, int64_t n, float *x, const int64_t *pos,
-                     const int64_t *slot, float *kv, int64_t n_slots, int64_t max_seq,
-                     int64_t n_capture, const int64_t *capture, float *captured, float *normed,
-                     const float *attn_in, float *scratch) {
+static int forward_(const Model *m, int64_t n, float *x, const int64_t *pos,
+                    const int64_t *slot, float *kv, int64_t n_slots, int64_t max_seq,
+                    int64_t n_capture, const int64_t *capture, float *captured, float *normed,
+                    const float *attn_in, float *scratch) {
     const int64_t dim = m->dim, H = m->n_heads, Hkv = m->n_kv_heads, D = m->head_dim;
     const int64_t hidden = m->hidden, groups = H / Hkv, qkv_n = (H + 2 * Hkv) * D;
     int64_t max_len = 0;
@@ -364,4 +398,19 @@ int spectool_forward(const Model *m, int64_t n, float *x, const int64_t *pos,
         rms_norm(x + r * dim, m->final_norm, dim, m->eps, normed + r * dim);
     }
     return 0;
+}
+
+/* forward_ (above), timed when the profile is on. */
+int spectool_forward(const Model *m, int64_t n, float *x, const int64_t *pos,
+                     const int64_t *slot, float *kv, int64_t n_slots, int64_t max_seq,
+                     int64_t n_capture, const int64_t *capture, float *captured, float *normed,
+                     const float *attn_in, float *scratch) {
+    int64_t t0 = prof_on ? now_ns() : 0;
+    int status = forward_(m, n, x, pos, slot, kv, n_slots, max_seq, n_capture, capture,
+                          captured, normed, attn_in, scratch);
+    if (prof_on) {
+        prof[1] += now_ns() - t0;
+        prof[2] += 1;
+    }
+    return status;
 }

@@ -29,7 +29,7 @@ import subprocess
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -42,7 +42,7 @@ Transformer = Any
 
 SOURCE = Path(__file__).with_name("native_step.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fPIC", "-shared")
-ABI = 2
+ABI = 3
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
 
@@ -134,7 +134,30 @@ def _load() -> ctypes.CDLL:
     lib.spectool_forward.argtypes += [_P, _P, _P, _P, _P]
     lib.spectool_matmul.restype = None
     lib.spectool_matmul.argtypes = [_P, _I, _I, _P, _I, _P]
+    lib.spectool_profile.restype = None
+    lib.spectool_profile.argtypes = [ctypes.c_int, ctypes.POINTER(_I * 4)]
     return lib
+
+
+class Profile(NamedTuple):
+    """What :func:`profile` counted: seconds and calls."""
+
+    layer_products: float  # the layers' weight products, inside the forwards
+    forwards: float  # whole spectool_forward calls (every layer)
+    calls: int  # spectool_forward calls
+    products: float  # spectool_matmul calls (the LM head)
+
+
+def profile(on: bool) -> Profile:
+    """What the kernel counted since the last call; the counting (two clock reads per product)
+    then goes on or off. For benchmarks: it splits a step's time into matrix work and the rest,
+    in the same steps."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError(f"no native step: {unavailable_reason()}")
+    out = (_I * 4)()
+    lib.spectool_profile(int(on), ctypes.byref(out))
+    return Profile(out[0] / 1e9, out[1] / 1e9, out[2], out[3] / 1e9)
 
 
 def _f16(weight: Tensor) -> Tensor | None:

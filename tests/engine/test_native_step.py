@@ -135,6 +135,33 @@ def test_a_verify_pass_repeats_single_steps_bit_for_bit(f16_dir: Path) -> None:
 
 
 @pytest.mark.skipif(not CAN_BUILD, reason="needs x86-64 with AVX2 and a C compiler")
+def test_the_kernels_profile_splits_forwards_into_products_and_the_rest(f16_dir: Path) -> None:
+    """The benchmark's split of a step (issue 27): counted only while on, products inside the
+    forwards' time, the LM head's product apart, reset on every read."""
+    model = load_model(f16_dir, max_seq_len=64)
+    cache = model.new_cache(max_batch_size=1, max_seq_len=64)
+    native_step.profile(False)  # zero whatever an earlier test left
+
+    def forward(position: int) -> None:
+        with torch.no_grad():
+            model(torch.tensor([[3]]), torch.tensor([[position]]), cache, torch.tensor([0]))
+
+    forward(0)
+    assert native_step.profile(True) == (0.0, 0.0, 0, 0.0)  # off: nothing counted
+    for position in (1, 2, 3):
+        forward(position)
+    counted = native_step.profile(True)
+    assert counted.calls == 3
+    assert 0 < counted.layer_products < counted.forwards
+    assert counted.products > 0  # the LM head, outside spectool_forward
+    forward(4)
+    again = native_step.profile(False)
+    assert again.calls == 1  # the read before reset the counters
+    forward(5)
+    assert native_step.profile(False).calls == 0
+
+
+@pytest.mark.skipif(not CAN_BUILD, reason="needs x86-64 with AVX2 and a C compiler")
 def test_bad_calls_raise_as_the_pytorch_path_does(f16_dir: Path) -> None:
     model = load_model(f16_dir, max_seq_len=32)
     assert model.native is not None
