@@ -87,6 +87,7 @@ class Engine(MethodSwitching):
         check_methods(methods)
         self.config = config
         self.device = resolve_device(config.device)
+        self._cuda = self.device.type == "cuda"
         dtype = resolve_dtype(config.dtype)
         self.model_name = target_path.resolve().name
         self.target: Transformer = load_model(
@@ -222,7 +223,7 @@ class Engine(MethodSwitching):
     # -- stepping (one thread) ---------------------------------------------------------------
 
     def _sync(self) -> None:
-        if self.device.type == "cuda":
+        if self._cuda:
             torch.cuda.synchronize(self.device)
 
     def step(self) -> list[TokenEvent]:

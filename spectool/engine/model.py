@@ -262,7 +262,8 @@ def pack_rows(rows: Sequence[Sequence[int]], starts: Sequence[int]) -> tuple[Ten
         [*range(start, start + len(row)), *([-1] * (width - len(row)))]
         for row, start in zip(rows, starts, strict=True)
     ]
-    return torch.tensor(tokens, dtype=torch.long), torch.tensor(positions, dtype=torch.long)
+    both = torch.tensor([tokens, positions], dtype=torch.long)  # one conversion: [2, B, T]
+    return both[0], both[1]
 
 
 class Transformer(nn.Module):
