@@ -135,6 +135,26 @@ def test_a_verify_pass_repeats_single_steps_bit_for_bit(f16_dir: Path) -> None:
 
 
 @pytest.mark.skipif(not CAN_BUILD, reason="needs x86-64 with AVX2 and a C compiler")
+@pytest.mark.parametrize("width", [256, 704])
+def test_a_long_product_equals_its_rows_one_by_one(f16_dir: Path, width: int) -> None:
+    """A prefill-sized product runs in chunks of rows (activations kept in L2): every row is
+    still bit for bit what a one-row product gives, across the chunks' boundaries."""
+    model = load_model(f16_dir, max_seq_len=32)
+    native = model.native
+    assert native is not None
+    gen = torch.Generator().manual_seed(3)
+    weight = (torch.randn(36, width, generator=gen) * 0.1).half()
+    x = torch.randn(301, width, generator=gen)  # 301 rows: several chunks and an odd tail
+    out = torch.empty(301, 36)
+    native.product(x, weight, out)
+    for r in (0, 1, 45, 46, 127, 128, 129, 300):
+        one = torch.empty(1, 36)
+        native.product(x[r : r + 1].contiguous(), weight, one)
+        assert torch.equal(out[r], one[0]), r
+    assert torch.allclose(out, x @ weight.float().T, atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.skipif(not CAN_BUILD, reason="needs x86-64 with AVX2 and a C compiler")
 def test_the_kernels_profile_splits_forwards_into_products_and_the_rest(f16_dir: Path) -> None:
     """The benchmark's split of a step (issue 27): counted only while on, products inside the
     forwards' time, the LM head's product apart, reset on every read."""
