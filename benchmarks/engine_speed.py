@@ -117,6 +117,29 @@ class Timings:
         return self.wall if clock == "wall" else self.cpu
 
 
+def profile_target_forwards(engine: Any) -> list[tuple[int, float, Any]]:
+    """From now on, every forward of ``engine``'s target on the C step is profiled by the
+    kernel (``spectool.engine.native_step.profile``, on only inside it, so the drafter's
+    forwards are not counted): the list returned gets ``(rows, wall seconds, Profile)`` per
+    forward. ``del engine.target.native.forward`` ends it (the bound method again)."""
+    from spectool.engine import native_step
+
+    native = engine.target.native
+    inner = native.forward
+    spent: list[tuple[int, float, Any]] = []
+
+    def timed(tokens: Any, *args: Any) -> Any:
+        native_step.profile(True)
+        t0 = time.perf_counter()
+        out = inner(tokens, *args)
+        seconds = time.perf_counter() - t0
+        spent.append((tokens.numel(), seconds, native_step.profile(False)))
+        return out
+
+    native.forward = timed
+    return spent
+
+
 def time_rounds(runners: dict[str, Runner], repeats: int) -> Timings:
     """Run every runner once per round, the order rotating every round."""
     names = list(runners)

@@ -48,7 +48,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.engine_speed import default_model, make_prompts, parse_int_list  # noqa: E402
+from benchmarks.engine_speed import (  # noqa: E402
+    default_model,
+    make_prompts,
+    parse_int_list,
+    profile_target_forwards,
+)
 
 # Decode rate: tokens after the first / seconds after the first; one entry per prompt.
 Rate = tuple[int, float]
@@ -300,32 +305,18 @@ def native_split(engine: Any, prompt: list[int], n: int) -> dict[str, float]:
     (the first token's prefill excluded) of the whole step, the model's forward (embedding, the
     C layers, the LM head), the C layers, and the weight products inside them and in the LM
     head, over one decode of ``n`` tokens."""
-    from spectool.engine import native_step
-
-    native = engine.target.native
-    inner = native.forward
-    spent: list[tuple[float, native_step.Profile]] = []
-
-    def timed(*args: Any) -> Any:
-        native_step.profile(True)
-        t0 = time.perf_counter()
-        out = inner(*args)
-        seconds = time.perf_counter() - t0
-        spent.append((seconds, native_step.profile(False)))
-        return out
-
-    native.forward = timed
+    spent = profile_target_forwards(engine)
     try:
         _, (tokens, seconds) = engine_decode(engine, [prompt], n)
     finally:
-        del native.forward  # the bound method again
+        del engine.target.native.forward  # the bound method again
     steps = spent[-tokens:]  # one forward per decode step after the first token
     per_step = {
         "step": seconds / tokens,
-        "forward": sum(t for t, _ in steps) / tokens,
-        "c_layers": sum(p.forwards for _, p in steps) / tokens,
-        "layer_products": sum(p.layer_products for _, p in steps) / tokens,
-        "head_product": sum(p.products for _, p in steps) / tokens,
+        "forward": sum(t for _, t, _ in steps) / tokens,
+        "c_layers": sum(p.forwards for _, _, p in steps) / tokens,
+        "layer_products": sum(p.layer_products for _, _, p in steps) / tokens,
+        "head_product": sum(p.products for _, _, p in steps) / tokens,
     }
     return {key: value * 1e3 for key, value in per_step.items()}
 

@@ -41,27 +41,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 EFFICIENCY_TARGET = 0.9  # issue 27: speed-up >= 0.9 of the bound
 
 
-def target_products(engine: Any) -> dict[int, list[float]]:
-    """From now on, the C step's own profile of each target forward of ``engine``: the seconds
-    of its weight products (layers and LM head), listed by the forward's row count. The
-    drafter's forwards are not counted (the profile is on only inside the target's)."""
-    from spectool.engine import native_step
-
-    native = engine.target.native
-    inner = native.forward
-    by_rows: dict[int, list[float]] = {}
-
-    def timed(tokens: Any, *args: Any) -> Any:
-        native_step.profile(True)
-        out = inner(tokens, *args)
-        counted = native_step.profile(False)
-        by_rows.setdefault(tokens.numel(), []).append(counted.layer_products + counted.products)
-        return out
-
-    native.forward = timed
-    return by_rows
-
-
 def decode(engine: Any, prompts: list[list[int]], n: int) -> dict[str, float]:
     """Batch-1 greedy runs one after another: decode tokens and seconds after each request's
     first token, and the iteration stats' sums over those decode steps."""
@@ -105,7 +84,7 @@ def main() -> int:
     args = parser.parse_args()
 
     import torch
-    from engine_speed import make_prompts
+    from engine_speed import make_prompts, profile_target_forwards
 
     from spectool.builtin_models import builtin_path
     from spectool.engine.engine import Engine, EngineConfig
@@ -141,9 +120,13 @@ def main() -> int:
     ok = True
     on_c_step = base.target.native is not None
     if on_c_step:  # one more round, the target's products profiled (not in the timed rounds)
-        products = {name: target_products(engine) for name, engine in engines.items()}
+        forwards = {name: profile_target_forwards(engine) for name, engine in engines.items()}
         profiled = {name: decode(engines[name], prompts, args.max_tokens) for name in names}
-        one_row = statistics.median(products["none"][1])
+        products = {  # the weight products' seconds of each target forward, by its rows
+            name: [(rows, p.layer_products + p.products) for rows, _, p in spent]
+            for name, spent in forwards.items()
+        }
+        one_row = statistics.median(t for rows, t in products["none"] if rows == 1)
         base_ms = profiled["none"]["seconds"] * 1e3 / profiled["none"]["steps"]
     for method in drafters:
         eff, speed, bounds, es, cs, parts, vs, eff_v = [], [], [], [], [], [], [], []
@@ -195,9 +178,9 @@ def main() -> int:
         )
         if on_c_step:
             # The verify pass costs at least a baseline step plus its extra rows' products.
-            rows = products[method].get(args.k + 1, [])
-            if rows:
-                verify_products = statistics.median(rows)
+            verify = [t for rows, t in products[method] if rows == args.k + 1]
+            if verify:
+                verify_products = statistics.median(verify)
                 v_min = 1 + (verify_products - one_row) * 1e3 / base_ms
                 kc = args.k * statistics.median(cs)
                 print(

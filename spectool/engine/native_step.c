@@ -171,13 +171,9 @@ static void matmul_(const float *x, int64_t n, int64_t in, const uint16_t *w, in
 
 static void matmul(const float *x, int64_t n, int64_t in, const uint16_t *w, int64_t out,
                    float *y, int add) {
-    if (!prof_on) {
-        matmul_(x, n, in, w, out, y, add);
-        return;
-    }
-    int64_t t0 = now_ns();
+    int64_t t0 = prof_on ? now_ns() : 0;
     matmul_(x, n, in, w, out, y, add);
-    prof[0] += now_ns() - t0;
+    if (prof_on) prof[0] += now_ns() - t0;
 }
 
 /* y [n, out] = x [n, in] w^T for w [out, in] float16 (the LM head): rows independent. */

@@ -195,7 +195,6 @@ class _Bound:
         m.final_norm = final_norm.data_ptr() if final_norm is not None else None
         m.rope, m.max_pos = rope.data_ptr(), rope.shape[0]
         self._scratch = torch.empty(0)
-        self._needs: dict[tuple[int, int], int] = {}  # scratch floats per (rows, cache length)
         self._none = torch.empty(0, 0)  # the captured rows of a call that captures none
         self._captures: dict[tuple[int, ...], Tensor] = {}  # layer lists as int64 tensors
 
@@ -227,11 +226,7 @@ class _Bound:
             capture = self._captures[layers] = torch.tensor(layers, dtype=torch.int64)
         captured = x.new_empty(n, len(layers) * dim) if layers else self._none  # returned
         normed = x.new_empty(n, dim)
-        need = self._needs.get((n, cache.max_seq_len))
-        if need is None:
-            need = self._needs[n, cache.max_seq_len] = self.lib.spectool_scratch_floats(
-                ctypes.byref(self._struct), n, cache.max_seq_len
-            )
+        need = self.lib.spectool_scratch_floats(ctypes.byref(self._struct), n, cache.max_seq_len)
         if self._scratch.numel() < need:
             self._scratch = torch.empty(need, dtype=torch.float32)
         kv = cache.kv
