@@ -13,7 +13,7 @@ from spectool.decide.acceptance import (
 )
 from spectool.decide.cell import CellMeasurement
 from spectool.decide.result import CellKey
-from spectool.decide.verdict import CellVerdict
+from spectool.decide.verdict import TIE_MARGIN, CellVerdict
 
 
 def ranking_ratios(
@@ -61,6 +61,12 @@ def ranking_ratios(
     return ranking
 
 
+def unproven_gain(v: CellVerdict, min_gain: float = 0.0) -> bool:
+    """Whether ``v`` is *uncertain*: inconclusive, with an estimate below ``1 - TIE_MARGIN``
+    (and below ``1 - min_gain``). It is deployed on its estimate, and reported as uncertain."""
+    return v.verdict == "inconclusive" and v.ratio < 1.0 - max(TIE_MARGIN, min_gain)
+
+
 def final_choices(
     concurrencies: Sequence[int],
     verdicts: Sequence[CellVerdict],
@@ -79,6 +85,14 @@ def final_choices(
     the set with the lowest sum of ranking ratios (1 for "off") over concurrencies wins, ties to
     the smaller ``k1``: concurrencies count equally, since the traffic mix is unknown.
 
+    Eligible cells: those that pay, and *uncertain* ones (:func:`unproven_gain`): inconclusive,
+    with an estimate that beats off by more than :data:`~spectool.decide.verdict.TIE_MARGIN`.
+    Such a cell's budget ran out before its interval cleared 1. Left off, a gain the size of
+    the tie margin or more is lost, and the verdict hangs on whether the interval happened to
+    clear 1 (the main job's concurrency-16 cell: 0.83-0.93 in four runs, on in two). Within
+    the margin, off is as fast and cheaper to serve. ``accept_inconclusive`` makes every
+    inconclusive cell below 1 eligible.
+
     The smallest concurrency's choice gates every other one, so when no cell pays there, an
     ``inconclusive`` one whose ratio is below ``1 - min_gain`` is tried as ``k1`` too, but only
     in sets where some larger concurrency then uses a cell that pays: otherwise one noisy interval at the smallest
@@ -89,7 +103,9 @@ def final_choices(
     def eligible(v: CellVerdict) -> bool:
         if v.ratio >= 1.0 - min_gain:
             return False
-        return v.verdict == "pays" or (accept_inconclusive and v.verdict == "inconclusive")
+        if v.verdict == "pays" or unproven_gain(v, min_gain):
+            return True
+        return accept_inconclusive and v.verdict == "inconclusive"
 
     scores: dict[int, dict[int, float]] = {c: {} for c in concurrencies}
     for v in verdicts:

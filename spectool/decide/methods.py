@@ -45,11 +45,8 @@ from typing import Literal
 from spectool.decide.duel import DuelEstimate
 from spectool.decide.duel import quantiles as duel_quantiles
 from spectool.decide.result import TuneResult
+from spectool.decide.verdict import TIE_MARGIN
 from spectool.errors import BadInputError
-
-# Methods tie when the interval of the ratio of their scores lies within 1 +- this: proven
-# near-equal, close enough not to matter.
-TIE_MARGIN = 0.05
 
 Standing = Literal["best", "equivalent", "worse", "uncertain"]
 

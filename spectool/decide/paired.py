@@ -30,14 +30,16 @@ the prompt, with each pair's own machine speed cancelled. Pairs send different p
 acceptance depends on the prompt, so the pairs' ratios differ by their prompts as well as by
 noise; :mod:`spectool.tuning.trials` makes the pairs walk through shuffled passes over the
 whole workload, so any set of first pairs is a random sample of it and a full pass is all of
-it. Its half-width on the log scale is the larger of ``t(n - 1) * se_w / ratio`` (``se_w`` the
-standard error of the weighted mean between pairs: the prompts' spread, drift that the pairing
-did not cancel, and sampling noise) and ``z * se_within`` (the pairs' own sampling noise, from
-a bootstrap of each block's iterations or requests; it keeps two pairs that agree by chance
-from claiming precision they do not have). Blocks are added until the interval is clear of the decision
-threshold (:func:`settled`), so the interval is looked at several times: the confidence of each
-look is Bonferroni-corrected over the looks a cell may take (``looks``), which keeps the chance
-of any wrong call at or below ``1 - confidence``.
+it. Its half-width on the log scale is ``t(n - 1) * se_w / ratio`` (``se_w`` the standard
+error of the weighted mean between pairs: the prompts' spread, drift that the pairing did not
+cancel, and sampling noise); below :data:`FLOOR_BELOW_PAIRS` pairs, at least ``z * se_within``
+(the pairs' own sampling noise, from a bootstrap of each block's iterations or requests; it
+keeps two pairs that agree by chance from claiming precision they do not have). Blocks are
+added until the interval is clear of the decision threshold (:func:`settled`), so the interval
+is looked at several times: the confidence of each look is Bonferroni-corrected over the looks
+a cell may take (``looks``), and a last look that the budget forced also spends the shares of
+the looks it left untaken (:func:`look_alpha`), which keeps the chance of any wrong call at or
+below ``1 - confidence``.
 """
 
 from __future__ import annotations
@@ -68,6 +70,13 @@ from spectool.decide.verdict import (
 from spectool.errors import BadInputError
 
 MIN_PAIRS = 2
+# From this many pairs on the interval is the pairs' own (between-pair t interval) alone; below
+# it the blocks' within-block noise floors it (two pairs can agree by chance). The floor is a
+# bootstrap of each block's requests or iterations, which reads a block's ramp as noise: in the
+# main job's cells (2026-12-04, four runs) it implied a per-pair spread of 0.11 (concurrency
+# 16) and 0.27 (4) on the log against the pairs' measured 0.05-0.17 and 0.15-0.24, which
+# include it. It was what held concurrency 16's interval open, not the pairs.
+FLOOR_BELOW_PAIRS = 8
 _WITHIN_BOOT = 400  # resamples per block for the within-pair noise
 
 
@@ -99,6 +108,9 @@ class PairedCell:
     objective: str = "steps"  # what the pairs compare (spectool.decide.verdict.OBJECTIVES)
     prompts_covered: int = 0  # distinct prompts its blocks sent (0: not recorded)
     workload_prompts: int = 0  # prompts in the workload (0: not recorded)
+    # looks the budget left untaken: the budget (time, not the pairs' ratios) made the last
+    # look the final one, so it spends their share of the error rate too (:func:`look_alpha`)
+    rest_looks: int = 0
 
     def __post_init__(self) -> None:
         if not self.pairs:
@@ -192,6 +204,10 @@ def paired_estimate(
             "paired estimate", f"need 0 < confidence < 1 and looks >= 1, got {confidence}, {looks}"
         )
     looks = cell.looks or looks
+    if not 0 <= cell.rest_looks < looks:
+        raise BadInputError(
+            f"cell (concurrency={c}, k={k})", f"{cell.rest_looks} looks left of {looks}"
+        )
     source = pair_source(cell.pairs, cell.objective)
     rng = np.random.default_rng([seed, c, k, 7])
     if cell.objective in QUANTILES:
@@ -206,11 +222,10 @@ def paired_estimate(
     ratio, log_se = weighted_ratio(d, np.array(tokens))
     spread = float(d.std(ddof=1))
     within_se = math.sqrt(sum(variances)) / n
-    alpha = (1.0 - confidence) / looks
-    half = max(
-        float(stats.t.ppf(1.0 - alpha / 2.0, n - 1)) * log_se,
-        float(stats.norm.ppf(1.0 - alpha / 2.0)) * within_se,
-    )
+    alpha = look_alpha(confidence, looks, cell.rest_looks)
+    half = float(stats.t.ppf(1.0 - alpha / 2.0, n - 1)) * log_se
+    if n < FLOOR_BELOW_PAIRS:
+        half = max(half, float(stats.norm.ppf(1.0 - alpha / 2.0)) * within_se)
     low, high = ratio * math.exp(-half), ratio * math.exp(half)
     return _estimate(cell, source, (ratio, low, high), d, spread, within_se, confidence, looks)
 
@@ -245,6 +260,7 @@ def _estimate(
         looks=looks,
         prompts_covered=cell.prompts_covered,
         workload_prompts=cell.workload_prompts,
+        rest_looks=cell.rest_looks,
     )
 
 
@@ -288,13 +304,24 @@ def quantile_estimate(
     n = len(cell.pairs)
     ratio = ratio_of(range(n))
     boot = np.log([ratio_of(rng.integers(0, n, size=n)) for _ in range(_QUANTILE_BOOT)])
-    alpha = (1.0 - confidence) / looks
+    alpha = look_alpha(confidence, looks, cell.rest_looks)
     low, high = (math.exp(x) for x in np.quantile(boot, [alpha / 2.0, 1.0 - alpha / 2.0]))
     low, high = min(low, ratio), max(high, ratio)
     d = np.log([np.percentile(s, q) / np.percentile(b, q) for s, b in zip(spec, base, strict=True)])
     spread = float(d.std(ddof=1)) if n > 1 else 0.0
     within = float(boot.std(ddof=1))
     return _estimate(cell, source, (ratio, low, high), d, spread, within, confidence, looks)
+
+
+def look_alpha(confidence: float, looks: int, rest_looks: int = 0) -> float:
+    """The error rate of one look at a cell's interval: ``1 - confidence`` shared over the
+    ``looks`` a cell may take (Bonferroni), and at a last look that the budget forced, the
+    shares of the ``rest_looks`` it will never take as well. The shares spent over the looks
+    taken still sum to at most ``1 - confidence``, because the budget, not the data, chose
+    which look was the last: at concurrency 16, where a 30 s budget ends every cell at the
+    second of six looks, the last look is at 5/6 of the error rate instead of 1/6 (t on 7
+    degrees of freedom 2.44 instead of 3.9)."""
+    return (1.0 - confidence) * (1 + rest_looks) / looks
 
 
 def weighted_ratio(log_ratios: np.ndarray, weights: np.ndarray) -> tuple[float, float]:

@@ -58,6 +58,12 @@ def objective_source(objective: str) -> Source | None:
 
 Design = Literal["interleaved", "concurrent", "bracketed", "unpaired"]
 
+# Two configurations (methods, or a method and off) whose speeds differ by less than this
+# fraction are equally fast for spectool's purposes: a proven difference inside it is a tie
+# between methods (the cheaper one to serve is deployed), and a gain over off that is not
+# proven must exceed it to be deployed (spectool.decide.choose.unproven_gain).
+TIE_MARGIN = 0.05
+
 
 def verdict_for(ci_low: float, ci_high: float) -> Verdict:
     """``pays`` if the interval lies wholly below 1, ``does_not_pay`` if wholly above."""
@@ -92,6 +98,7 @@ class PairedEstimate:
     looks: int
     prompts_covered: int = 0  # distinct workload prompts the pairs sent (0: not recorded)
     workload_prompts: int = 0  # prompts in the workload (0: not recorded)
+    rest_looks: int = 0  # looks the budget left untaken, spent at the last (paired.look_alpha)
 
     @property
     def pairs(self) -> int:
@@ -107,6 +114,7 @@ class PairedEstimate:
             "drift_base": self.drift_base,
             "drift_spec": self.drift_spec,
             "looks": self.looks,
+            "rest_looks": self.rest_looks,
             "prompts_covered": self.prompts_covered,
             "workload_prompts": self.workload_prompts,
         }

@@ -242,7 +242,9 @@ def comparison_markdown(
             "server (paired blocks); "
         )
         + "a cell is the chosen "
-        "draft length and its per-token ratio lhs/rhs (below 1 pays), with its 95% interval; "
+        "draft length and its per-token ratio lhs/rhs (below 1 pays), with its 95% interval "
+        "(UNCERTAIN: not proven, deployed because its estimate beats off by more than "
+        f"{TIE_MARGIN:.0%}); "
         "`pred`: off, the method's own prediction (not confirmed: it did not promise to beat "
         "a ratio measured for a method before it).",
         "",
@@ -253,10 +255,12 @@ def comparison_markdown(
         row = []
         for m in methods:
             cell = choice.cells[m][c]
+            uncertain = " UNCERTAIN" if cell.verdict == "inconclusive" else ""
             row.append(
                 comparison_cell(choice, m, c)
                 if cell.k == 0
                 else f"k={cell.k} {cell.ratio:.3f} ({cell.ci_low:.3f}-{cell.ci_high:.3f})"
+                + uncertain
             )
         lines.append(f"| {c} | " + " | ".join(row) + f" | {choice.winners[c]} |")
     lines += [

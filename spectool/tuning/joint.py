@@ -62,7 +62,14 @@ from spectool.decide.result import TuneResult
 from spectool.decide.verdict import PairedEstimate
 from spectool.io import append_line
 from spectool.measure.runner import TrialConfig, TrialResult, load_trials
-from spectool.tuning.pairing import look_every, looks_of, max_pairs, over_budget, prompts_sent
+from spectool.tuning.pairing import (
+    look_every,
+    looks_of,
+    max_pairs,
+    over_budget,
+    prompts_sent,
+    rest_looks,
+)
 from spectool.tuning.trials import CellPlan, pooled_cell
 
 INDEX_NAME = "joint.jsonl"
@@ -140,9 +147,11 @@ def _paired(
     looks: int,
     objective: str,
     workload_prompts: int,
+    rest_looks: int = 0,
 ) -> PairedCell:
     """``arm``'s paired cell: its block and the baseline block of every round that holds it
-    (a round's slots are in the order they were measured)."""
+    (a round's slots are in the order they were measured); ``rest_looks``: the looks the
+    budget left untaken if it ends the cell at this look."""
     pairs = []
     sent: set[int] = set()
     for got in rounds:
@@ -164,6 +173,7 @@ def _paired(
         objective=objective,
         prompts_covered=len(sent),
         workload_prompts=workload_prompts,
+        rest_looks=rest_looks,
     )
 
 
@@ -218,15 +228,13 @@ def measure_joint(
             spent[arm] += got[arm].wall_time_s + got[BASE].wall_time_s
         if len(rounds) % every:
             continue
+        forced = {arm: over_budget(spent[arm], budget_s, len(rounds)) for arm in active}
         for arm in active:
-            cells[arm] = _paired(arm, arms, rounds, looks, objective, workload_prompts)
+            rest = rest_looks(forced[arm], len(rounds), every, looks)
+            cells[arm] = _paired(arm, arms, rounds, looks, objective, workload_prompts, rest)
             estimates[arm] = paired_estimate(cells[arm], confidence=confidence, seed=seed)
-        done = {
-            arm
-            for arm in active
-            if settled(estimates[arm], threshold) or over_budget(spent[arm], budget_s, len(rounds))
-        }
-        over = all(over_budget(spent[arm], budget_s, len(rounds)) for arm in active)
+        done = {arm for arm in active if settled(estimates[arm], threshold) or forced[arm]}
+        over = all(forced.values())
         ratios = {arm: estimates[arm].ratio for arm in arms}
         lead = leading_arms(cells, ratios)
         compared = True

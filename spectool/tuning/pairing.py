@@ -48,6 +48,13 @@ def over_budget(spent_s: float, budget_s: float, pairs: int) -> bool:
     return spent_s >= budget_s and pairs >= MIN_PAIRS_OVER_BUDGET
 
 
+def rest_looks(forced: bool, pairs: int, every: int, looks: int) -> int:
+    """The looks a cell leaves untaken when the budget ends it at this one (``forced``), 0
+    otherwise: the last look spends their share of the error rate too
+    (:func:`spectool.decide.paired.look_alpha`)."""
+    return max(0, looks - pairs // every) if forced else 0
+
+
 def look_every(pass_pairs: int) -> int:
     """Pairs between two looks: whole passes, at least :data:`LOOK_EVERY` pairs."""
     if pass_pairs < 1:
@@ -98,6 +105,7 @@ def measure_paired(
     pairs: list[BlockPair] = []
     sent: set[int] = set()
     spent = 0.0
+    rest = 0  # looks the budget left untaken when it ended the cell (PairedCell.rest_looks)
 
     def cell() -> PairedCell:
         return PairedCell(
@@ -107,6 +115,7 @@ def measure_paired(
             prompts_covered=len(sent),
             workload_prompts=workload_prompts,
             design=design,
+            rest_looks=rest,
         )
 
     for i in range(most):
@@ -122,8 +131,10 @@ def measure_paired(
         pairs.append(BlockPair(got[k], got[0], spec_first=spec_first))
         if len(pairs) % every:
             continue
+        forced = over_budget(spent, budget_s, len(pairs))
+        rest = rest_looks(forced, len(pairs), every, looks)
         estimate = paired_estimate(cell(), confidence=confidence, seed=seed)
-        if settled(estimate, threshold) or over_budget(spent, budget_s, len(pairs)):
+        if settled(estimate, threshold) or forced:
             break
     done = cell()
     assert done.key == (concurrency, k)

@@ -13,9 +13,10 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from spectool.decide.choose import unproven_gain
 from spectool.decide.prune import pruning_markdown
 from spectool.decide.stats import Interval, acceptance_curves
-from spectool.decide.verdict import CellVerdict
+from spectool.decide.verdict import TIE_MARGIN, CellVerdict
 from spectool.io import atomic_write_text
 from spectool.tuning.outcome import TuneOutcome
 from spectool.tuning.setup import PLOT_NAMES, REPORT_NAME
@@ -186,6 +187,8 @@ def _decision_table(outcome: TuneOutcome) -> list[str]:
         v = verdicts.get((c, k))
         ratio = DASH if v is None else f"{v.ratio:.3f} ({v.ci_low:.3f}{DASH}{v.ci_high:.3f})"
         verdict = "baseline" if v is None else v.verdict.replace("_", " ")
+        if v is not None and unproven_gain(v):
+            verdict = "UNCERTAIN: deployed on its estimate"
         speed = DASH
         if base is not None and chosen is not None:
             speed = (
@@ -229,8 +232,11 @@ def _decision_notes(outcome: TuneOutcome) -> list[str]:
         f"- `draft_len_schedule` ({result.schedule_semantics} semantics): " + schedule + gate,
         "- Rule: at each concurrency the draft length whose whole "
         f"{outcome.resolved.request.confidence:.0%} interval of lhs/rhs lies below 1 (`pays`) "
-        "with the best measured step cost per confirmed token; 0 when none pays (an interval "
-        "straddling 1 is `inconclusive`). No choice may exceed the one at the smallest "
+        "with the best measured step cost per confirmed token; where the budget ran out "
+        "before an interval cleared 1 (`inconclusive`), a cell whose estimate beats off by "
+        f"more than {TIE_MARGIN:.0%} is deployed on its estimate and marked UNCERTAIN; 0 "
+        f"when no cell does either (a gain within {TIE_MARGIN:.0%} that is not proven is not "
+        "worth the drafter's memory). No choice may exceed the one at the smallest "
         "concurrency (TensorRT-LLM's schedule starts with max_draft_len), so the writable set "
         "with the best sum of ratios over concurrencies is chosen; only there, at the smallest "
         "concurrency, may an inconclusive cell be kept, when it lets larger concurrencies use "

@@ -87,6 +87,44 @@ def test_two_pairs_that_agree_by_chance_keep_their_own_sampling_noise() -> None:
     assert est.ci_high / est.ci_low > 1.2
 
 
+def test_from_eight_pairs_the_interval_is_the_pairs_own() -> None:
+    """The within-block bootstrap floors the interval below 8 pairs only: from there the pairs'
+    spread, which holds each block's own noise, is the measure (the bootstrap overstates it)."""
+    from scipy import stats
+
+    # each pair's two blocks draw the same noisy steps (so they agree closely: the pairs'
+    # spread is the 2% speed steps only), while a bootstrap of a block's 8 steps sees 30% noise
+    noisy = [
+        BlockPair(
+            block(3, 1.0 + 0.02 * (i % 3), noise=0.3, steps=8, seed=i),
+            block(0, 1.0, noise=0.3, steps=8, seed=i),
+        )
+        for i in range(8)
+    ]
+    for n in (4, 8):
+        est = paired_estimate(PairedCell(tuple(noisy[:n])))
+        r = np.exp(est.log_ratios)
+        t_half = float(stats.t.ppf(0.975, n - 1)) * np.std(r, ddof=1) / np.sqrt(n) / est.ratio
+        z_half = float(stats.norm.ppf(0.975)) * est.within_se
+        half = np.log(est.ci_high / est.ratio)
+        assert z_half > 2 * t_half  # the bootstrap says far more noise than the pairs show
+        assert half == pytest.approx(z_half if n < 8 else t_half, rel=0.01)
+
+
+def test_a_last_look_the_budget_forced_spends_the_looks_it_left() -> None:
+    from scipy import stats
+
+    pairs = pairs_under([1.0, 1.3, 0.9, 1.1, 1.2, 0.8, 1.0, 1.4], noise=0.1).pairs
+    six = paired_estimate(PairedCell(pairs, looks=6))
+    rest = paired_estimate(PairedCell(pairs, looks=6, rest_looks=4))
+    assert rest.ratio == six.ratio and rest.to_json()["rest_looks"] == 4
+    width = np.log(six.ci_high / six.ratio) / np.log(rest.ci_high / rest.ratio)
+    t = [float(stats.t.ppf(1 - a / 2, 7)) for a in (0.05 / 6, 0.05 * 5 / 6)]
+    assert width == pytest.approx(t[0] / t[1], rel=1e-6)  # 3.9 / 2.4
+    with pytest.raises(BadInputError, match="6 looks left of 6"):
+        paired_estimate(PairedCell(pairs, looks=6, rest_looks=6))
+
+
 def test_settled_is_wholly_one_side_of_the_threshold() -> None:
     est = paired_estimate(pairs_under([1.0, 1.1, 0.9, 1.0]))
     assert settled(est, 1.0) and est.ci_high < 1.0

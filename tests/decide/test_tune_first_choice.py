@@ -5,7 +5,8 @@ A TensorRT-LLM ``draft_len_schedule`` starts with ``max_draft_len`` at the small
 concurrency but a cell there is inconclusive (its interval straddles 1) while larger
 concurrencies pay, refusing it would switch speculation off everywhere; it is weighed like any
 writable set (sum of ratios, off = 1) and kept, with a note, when it wins and enables a paying
-cell elsewhere. A cell that does not pay there is never kept.
+cell elsewhere. A cell that does not pay there is never kept. An inconclusive cell whose estimate
+beats off by more than the tie margin is eligible in its own right (*uncertain*, issue 21).
 """
 
 from __future__ import annotations
@@ -52,13 +53,27 @@ def test_inconclusive_first_cell_kept_when_it_enables_paying_cells() -> None:
     assert choose(verdicts) == {1: 4, 2: 4, 4: 3}
 
 
-def test_inconclusive_first_cell_alone_is_not_chosen() -> None:
+def test_inconclusive_first_cell_within_the_tie_margin_alone_is_not_chosen() -> None:
     verdicts = [
-        cell(1, 4, 0.91, 0.75, 1.12, "inconclusive"),
+        cell(1, 4, 0.96, 0.80, 1.12, "inconclusive"),
         cell(2, 4, 1.05, 0.95, 1.20, "inconclusive"),
         cell(4, 4, 1.30, 1.10, 1.50, "does_not_pay"),
     ]
     assert choose(verdicts) == {1: 0, 2: 0, 4: 0}
+
+
+def test_an_unproven_gain_beyond_the_tie_margin_is_deployed_on_its_estimate() -> None:
+    """Issue 21: where the budget ran out before the interval cleared 1, the better estimate
+    is deployed (reported uncertain), unless it beats off by no more than the tie margin."""
+    from spectool.decide.choose import unproven_gain
+
+    uncertain = cell(1, 4, 0.91, 0.75, 1.12, "inconclusive")
+    verdicts = [uncertain, cell(2, 4, 0.93, 0.85, 1.02, "inconclusive")]
+    verdicts += [cell(4, 4, 0.97, 0.90, 1.05, "inconclusive")]
+    assert choose(verdicts) == {1: 4, 2: 4, 4: 0}
+    assert unproven_gain(uncertain) and not unproven_gain(verdicts[2])
+    assert not unproven_gain(uncertain, min_gain=0.10)  # --min-gain raises the bar
+    assert not unproven_gain(cell(1, 4, 0.7, 0.6, 0.8, "pays"))  # proven: not uncertain
 
 
 def test_undecided_first_cell_weighed_against_the_gains_it_enables() -> None:
@@ -79,12 +94,16 @@ def test_a_first_cell_that_does_not_pay_is_never_kept() -> None:
 def test_a_paying_first_cell_still_wins_over_an_inconclusive_one() -> None:
     verdicts = [
         cell(1, 2, 0.80, 0.70, 0.90, "pays"),
-        cell(1, 4, 0.78, 0.55, 1.05, "inconclusive"),
+        cell(1, 4, 0.79, 0.55, 1.05, "inconclusive"),
         cell(2, 2, 0.85, 0.75, 0.95, "pays"),
-        cell(2, 4, 0.95, 0.85, 1.04, "inconclusive"),
+        cell(2, 4, 0.97, 0.85, 1.04, "inconclusive"),
     ]
-    # k1 = 4 (inconclusive) totals 0.78 + 0.85 against 0.80 + 0.85 for k1 = 2 (pays), but it
-    # lets concurrency 2 do no better: the cell that pays is kept.
+    # k1 = 4 (uncertain) totals 0.79 + 0.85 against 0.80 + 0.85 for k1 = 2 (pays): the better
+    # estimate wins at the first concurrency (a tie there between k's is not proven)
+    assert choose(verdicts, (1, 2)) == {1: 4, 2: 2}
+    # within the tie margin of off it is no claim of its own, only a possible enabler; it
+    # lets concurrency 2 do no better, so the cell that pays is kept
+    verdicts[1] = cell(1, 4, 0.96, 0.55, 1.05, "inconclusive")
     assert choose(verdicts, (1, 2)) == {1: 2, 2: 2}
 
 

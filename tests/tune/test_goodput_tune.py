@@ -77,7 +77,9 @@ def test_goodput_decides_the_cells_from_the_saved_blocks(tmp_path: Path) -> None
     )
     looks, search = cell["looks"], tune["search"]
     good = paired_estimate(
-        PairedCell(pairs, looks=looks, objective="goodput:tpot:40ms"),
+        PairedCell(
+            pairs, looks=looks, objective="goodput:tpot:40ms", rest_looks=cell["rest_looks"]
+        ),
         confidence=search["confidence"],
         seed=search["seed"],
     )

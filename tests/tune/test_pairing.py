@@ -120,6 +120,12 @@ def test_the_budget_stops_an_unsettled_cell_at_a_look_once_it_has_enough_pairs()
     machine = Machine(spec_ms=30.0, accepted=2, speed=quiet)
     cell = measure_paired(C, K, machine.block, budget_s=0.5)
     assert len(cell.pairs) == MIN_PAIRS_OVER_BUDGET == 2 * LOOK_EVERY
+    # the budget, not the pairs, made the second look the last: it spends the four untaken
+    assert cell.rest_looks == MAX_PAIRS // LOOK_EVERY - 2 == 4
+    unbudgeted = measure_paired(C, K, Machine(30.0, 2, quiet).block, budget_s=1e9)
+    assert len(unbudgeted.pairs) == MAX_PAIRS and unbudgeted.rest_looks == 0
+    settles = measure_paired(C, K, Machine(18.0, 2, quiet).block, budget_s=0.0)
+    assert len(settles.pairs) == LOOK_EVERY and settles.rest_looks == 0  # its data ended it
 
 
 def test_a_resumed_run_stops_where_the_first_one_did() -> None:

@@ -194,6 +194,7 @@ def test_decision_json_is_valid_and_consistent(tuned: dict[str, Any]) -> None:
             "drift_base",
             "drift_spec",
             "looks",
+            "rest_looks",
             "prompts_covered",
             "workload_prompts",
         }
