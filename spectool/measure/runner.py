@@ -6,6 +6,9 @@ not recorded, in one of two modes:
 * **closed loop** (``concurrency=N``): N workers, each sending its next prompt as soon as its
   previous request finished, so N requests are in flight (vLLM ``--max-concurrency``, GuideLLM
   ``concurrent``);
+  With ``full_load``, only requests that run while every user has a request in flight are
+  measured: the users' joining and the drain at the end are extra requests, not recorded, and
+  those still running when the last measured one ends are cancelled (:func:`_full_load_loop`);
 * **open loop** (``rate_per_s=R``): request ``i`` is sent at offset ``t_i`` from the trial start,
   ``t_0 = 0`` and ``t_i - t_(i-1)`` exponential with mean ``1/R`` drawn from
   ``numpy.random.default_rng(seed)`` (:func:`poisson_arrival_offsets_s`), whatever the server
@@ -216,6 +219,71 @@ async def _closed_loop(
     await asyncio.gather(*(user(u) for u in range(users)))
 
 
+async def _full_load_loop(
+    concurrency: int,
+    measured: int,
+    send: Callable[[int, Callable[[], None] | None], Any],
+    extra: Callable[[int, Callable[[], None] | None], Any],
+) -> None:
+    """``concurrency`` users as in :func:`_closed_loop`, measured at full load only.
+
+    The users join one at a time as there, and ``send`` sends the ``measured`` requests once
+    every user has joined and the loop has turned over once more (``concurrency`` further
+    requests sent). Before that (the users joining, the first turnover) and after the measured
+    requests have all gone out (keeping every user busy while the last measured ones finish),
+    users send ``extra`` requests, which are not measured; when the last measured request ends,
+    the extra ones still in flight are cancelled (the client disconnects, and the server aborts
+    them). So every measured request runs with ``concurrency`` requests in flight from its
+    start to its end, as under sustained load, instead of in the ramp, the drain, or the
+    first turnover after the ramp. Why the turnover: on the embedded engine (draft model,
+    ``k=4``, built-in workload, concurrency 16, 4 rounds of 160-request blocks), requests of
+    the first two waves were 0.91x and 0.95x as slow per token with speculation as without,
+    and every later wave 0.93-1.05x (0.986 overall): the first turnover is still transient.
+    """
+    users = concurrency  # extra requests keep them all busy, however few are measured
+    joined = [asyncio.Event() for _ in range(users)]
+    ended = asyncio.Event()
+    sent = {"measured": 0, "extra": 0, "ended": 0, "settle": users}
+
+    async def user(u: int) -> None:
+        if u > 0:
+            await joined[u - 1].wait()
+        hook: Callable[[], None] | None = joined[u].set
+        try:
+            while not ended.is_set():
+                first, hook = hook, None
+                if joined[-1].is_set() and sent["settle"] > 0:
+                    sent["settle"] -= 1  # the loop's first turnover: not measured yet
+                    index = sent["extra"]
+                    sent["extra"] += 1
+                    await extra(index, first)
+                elif joined[-1].is_set() and sent["measured"] < measured:
+                    index = sent["measured"]
+                    sent["measured"] += 1
+                    await send(index, first)
+                    sent["ended"] += 1
+                    if sent["ended"] == measured:
+                        ended.set()
+                else:
+                    index = sent["extra"]
+                    sent["extra"] += 1
+                    await extra(index, first)
+        finally:
+            joined[u].set()  # the next user never waits on one that stopped
+
+    tasks = [asyncio.create_task(user(u)) for u in range(users)]
+    waiter = asyncio.create_task(ended.wait())
+    try:
+        await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (waiter, *tasks):
+            task.cancel()
+        outcomes = await asyncio.gather(waiter, *tasks, return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, Exception):
+            raise outcome
+
+
 async def _open_loop(
     offsets_s: np.ndarray, t0: float, deadline_s: float | None, send: Callable[[int], Any]
 ) -> None:
@@ -298,8 +366,22 @@ async def run_trial(
     t0 = time.perf_counter()
     deadline_s = None if config.time_limit_s is None else t0 + config.time_limit_s
     offsets = np.zeros(0)
+
+    async def extra(index: int, on_first_chunk: Callable[[], None] | None = None) -> None:
+        order = config.prompt_indices or tuple(range(config.num_prompts))
+        prompt = prompts[order[-(index + 1) % len(order)] % n_prompts]  # the block's, reversed
+        await client.stream(
+            prompt,
+            request_id=f"extra-{index}",
+            max_tokens=_max_tokens(prompt, config),
+            options=config.request,
+            on_first_chunk=on_first_chunk,
+        )
+
     try:
-        if config.concurrency is not None:
+        if config.concurrency is not None and config.full_load:
+            await _full_load_loop(config.concurrency, config.num_prompts, send, extra)
+        elif config.concurrency is not None:
             await _closed_loop(config.concurrency, config.num_prompts, deadline_s, send)
         else:
             assert config.rate_per_s is not None  # TrialConfig guarantees one mode

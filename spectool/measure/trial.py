@@ -35,6 +35,8 @@ class TrialConfig:
     ``(prompt_offset + i) % len(prompts)``. ``prompt_indices`` (when given, instead of the
     offset): measured request ``i`` sends prompt ``prompt_indices[i % len(prompt_indices)]``
     (a paired block's share of a shuffled pass over the workload, :mod:`spectool.tuning.trials`).
+    ``full_load`` (closed loop): only requests with ``concurrency`` in flight from start to end
+    are measured (:mod:`spectool.measure.runner`).
     """
 
     label: str
@@ -54,6 +56,9 @@ class TrialConfig:
     # trace's own timestamps (``rate_per_s`` is then the trace's mean rate, for the record)
     burstiness: float = 1.0
     arrivals_s: tuple[float, ...] = ()
+    # closed loop: measure only requests that run with ``concurrency`` in flight all through
+    # (the users joining and the drain are extra requests, not recorded; runner._full_load_loop)
+    full_load: bool = False
 
     def __post_init__(self) -> None:
         where = f"trial {self.label!r}"
@@ -89,6 +94,9 @@ class TrialConfig:
                 where, "arrivals_s needs rate_per_s and num_prompts offsets, >= 0, in order"
             )
 
+        if self.full_load and (self.concurrency is None or self.time_limit_s is not None):
+            raise BadInputError(where, "full_load needs concurrency and no time_limit_s")
+
     @property
     def mode(self) -> Literal["closed", "open"]:
         """``"closed"`` for a concurrency level, ``"open"`` for an arrival rate."""
@@ -110,6 +118,8 @@ class TrialConfig:
             data["arrivals_s"] = list(self.arrivals_s)
         else:
             del data["arrivals_s"]
+        if not self.full_load:
+            del data["full_load"]
         return data
 
     @classmethod

@@ -290,3 +290,74 @@ def test_arrival_fields_are_checked_and_absent_by_default() -> None:
     ):
         with pytest.raises(BadInputError):
             TrialConfig("x", num_prompts=2, **bad)
+
+
+def test_full_load_measures_only_requests_with_every_user_busy() -> None:
+    """The users join one at a time, the loop turns over once, then the measured requests go
+    out; extra requests keep every user busy until the last measured one ends, and those
+    still running then are cancelled."""
+    import asyncio
+
+    from spectool.measure.runner import _full_load_loop
+
+    log: list[tuple[str, str, int]] = []
+    in_flight: list[int] = [0]
+    levels: dict[int, list[int]] = {}
+    cancelled: list[int] = []
+
+    def request(kind: str) -> object:
+        async def run(index: int, on_first_chunk) -> None:  # noqa: ANN001
+            log.append(("send", kind, index))
+            in_flight[0] += 1
+            seen = levels.setdefault(index, []) if kind == "m" else []
+            try:
+                seen.append(in_flight[0])
+                await asyncio.sleep(0.01)
+                if on_first_chunk is not None:
+                    log.append(("first", kind, index))
+                    on_first_chunk()
+                for _ in range(4):
+                    await asyncio.sleep(0.01)
+                    seen.append(in_flight[0])
+            except asyncio.CancelledError:
+                cancelled.append(index)
+                raise
+            finally:
+                in_flight[0] -= 1
+            log.append(("end", kind, index))
+
+        return run
+
+    asyncio.run(_full_load_loop(3, 5, request("m"), request("x")))
+    sends = [(kind, i) for what, kind, i in log if what == "send"]
+    assert [i for kind, i in sends if kind == "m"] == list(range(5))
+    first_measured = sends.index(("m", 0))
+    assert [kind for kind, _ in sends[:first_measured]] == ["x"] * 6  # 3 joining + a turnover
+    assert sum(1 for what, kind, _ in log if what == "first") == 3  # one per user joining
+    assert all(min(seen) == 3 for seen in levels.values())  # every user busy all through
+    assert log[-1][:2] == ("end", "m") or cancelled  # nothing measured is left running
+    assert all(("end", "m", i) in log for i in range(5))
+    assert cancelled and all(("end", "x", i) not in log for i in cancelled)
+
+    # one measured request at concurrency 3 still runs beside two busy users
+    levels.clear()
+    asyncio.run(_full_load_loop(3, 1, request("m"), request("x")))
+    assert list(levels) == [0] and min(levels[0]) == 3
+
+
+def test_full_load_trial_against_the_server(server_url: str, prompts: list[Prompt]) -> None:
+    config = trial_config(prompts, "full", concurrency=3, num_prompts=4, full_load=True)
+    result = run_with_client(server_url, run_trial, prompts, config)
+    assert [r.request_id for r in result.records] == [f"r{i:05d}" for i in range(4)]
+    assert result.errors == ()
+    assert TrialConfig.from_dict(config.to_dict()) == config
+    assert "full_load" not in trial_config(prompts, "plain", concurrency=3).to_dict()
+    with pytest.raises(BadInputError, match="full_load needs concurrency"):
+        TrialConfig("x", rate_per_s=1.0, full_load=True)
+    # the cancelled extra requests were aborted, not left running: a trial right after it
+    # has the engine to itself (its iterations never hold more than its one request)
+    after = run_with_client(
+        server_url, run_trial, prompts, trial_config(prompts, "alone", concurrency=1)
+    )
+    assert after.errors == () and after.iteration_stats
+    assert max(it.num_active_requests for it in after.iteration_stats) == 1
