@@ -323,16 +323,22 @@ async def run_trial(
         )
     n_prompts = len(prompts)
 
-    async def warm(index: int, on_first_chunk: Callable[[], None] | None = None) -> None:
-        prompt = prompts[-(index + 1) % n_prompts]
-        await client.stream(
-            prompt,
-            request_id=f"warmup-{index}",
-            max_tokens=_max_tokens(prompt, config),
-            options=config.request,
-            on_first_chunk=on_first_chunk,
-        )
+    def unrecorded(prefix: str, prompt_at: Callable[[int], Prompt]) -> Callable[..., Any]:
+        """A sender of requests that are not recorded (warmup, a full-load trial's extras)."""
 
+        async def stream(index: int, on_first_chunk: Callable[[], None] | None = None) -> None:
+            prompt = prompt_at(index)
+            await client.stream(
+                prompt,
+                request_id=f"{prefix}-{index}",
+                max_tokens=_max_tokens(prompt, config),
+                options=config.request,
+                on_first_chunk=on_first_chunk,
+            )
+
+        return stream
+
+    warm = unrecorded("warmup", lambda i: prompts[-(i + 1) % n_prompts])
     if config.warmup_requests:
         await _closed_loop(config.concurrency or 1, config.warmup_requests, None, warm)
 
@@ -367,16 +373,9 @@ async def run_trial(
     deadline_s = None if config.time_limit_s is None else t0 + config.time_limit_s
     offsets = np.zeros(0)
 
-    async def extra(index: int, on_first_chunk: Callable[[], None] | None = None) -> None:
-        order = config.prompt_indices or tuple(range(config.num_prompts))
-        prompt = prompts[order[-(index + 1) % len(order)] % n_prompts]  # the block's, reversed
-        await client.stream(
-            prompt,
-            request_id=f"extra-{index}",
-            max_tokens=_max_tokens(prompt, config),
-            options=config.request,
-            on_first_chunk=on_first_chunk,
-        )
+    block = config.prompt_indices or tuple(range(config.num_prompts))
+    # a full-load trial's extra requests send the block's own prompts, in reverse
+    extra = unrecorded("extra", lambda i: prompts[block[-(i + 1) % len(block)] % n_prompts])
 
     try:
         if config.concurrency is not None and config.full_load:
