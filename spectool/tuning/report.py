@@ -16,11 +16,11 @@ from pathlib import Path
 from spectool.decide.choose import unproven_gain
 from spectool.decide.prune import pruning_markdown
 from spectool.decide.stats import Interval, acceptance_curves
-from spectool.decide.verdict import TIE_MARGIN, CellVerdict
+from spectool.decide.verdict import TIE_MARGIN
 from spectool.io import atomic_write_text
 from spectool.tuning.outcome import TuneOutcome
+from spectool.tuning.report_runs import measurement_section, runs_section
 from spectool.tuning.setup import PLOT_NAMES, REPORT_NAME
-from spectool.tuning.side_by_side import servers_lines
 
 DASH = "–"
 
@@ -57,24 +57,6 @@ def _grid_table(outcome: TuneOutcome, title: str, cell_text: object) -> list[str
             row.append(DASH if s is None else cell_text(s))  # type: ignore[operator]
         rows.append(row)
     return [f"### {title}", "", *_table(["", *(f"c={c}" for c in concs)], rows)]
-
-
-def design_line(verdicts: Sequence[CellVerdict]) -> str:
-    """How the cells' two sides were measured, in one line."""
-    designs = sorted({v.design for v in verdicts})
-    text = {
-        "interleaved": "speculative and baseline blocks interleaved on one server (A B, B A, "
-        "...), each ratio from pairs measured back to back, blocks added until the interval "
-        "is clear of the threshold or the cell's budget is spent",
-        "concurrent": "each speculative block and a baseline block started at the same moment "
-        "on two identical GPU sets (a server each; a new draft length is a restart of the "
-        "speculative server only), blocks added until the interval is clear of the threshold "
-        "or the cell's budget is spent",
-        "bracketed": "the baseline measured before and after the speculative cells (a new "
-        "draft length is a server restart); each interval spans both comparisons",
-        "unpaired": "each speculative cell against a baseline measured separately",
-    }
-    return "; ".join(f"{d}: {text[d]}" for d in designs) + "." if designs else "no cells."
 
 
 def _noise_section(outcome: TuneOutcome) -> list[str]:
@@ -140,8 +122,8 @@ def report_markdown(outcome: TuneOutcome) -> str:
     sections = (
         _title,
         _decision_section,
-        _measurement_section,
-        _runs_section,
+        measurement_section,
+        runs_section,
         _latency_section,
         _inequality_section,
         _noise_section,
@@ -243,51 +225,6 @@ def _decision_notes(outcome: TuneOutcome) -> list[str]:
         "cells that pay (a note says so).",
         "",
         "Files: " + ", ".join(f"`{Path(p).name}`" for p in outcome.files) + ".",
-        "",
-    ]
-
-
-def _measurement_section(outcome: TuneOutcome) -> list[str]:
-    """The workload, the requests per cell, the server settings, the intervals."""
-    resolved = outcome.resolved
-    req = resolved.request
-    prompts = outcome.prompts
-    return [
-        "## Measurement",
-        "",
-        f"- Workload: {prompts.source} ({prompts.format}, {len(prompts.prompts)} prompts, "
-        f"id `{prompts.workload_id}`); every request asks for exactly its output length "
-        f"(its own, else {resolved.max_tokens} tokens), sampled at temperature "
-        f"{req.temperature:g}, top-p {req.top_p:g} unless it sets its own.",
-        "- Each cell: "
-        + ", ".join(
-            f"c={c}: {max(resolved.num_prompts, 2 * c)} requests"
-            for c in outcome.result.concurrencies
-        )
-        + f" per trial, after a warmup wave of c requests; {req.repeats} trial(s) per cell, "
-        "closed loop (c requests always in flight).",
-        f"- Server settings: {outcome.setup.server}.",
-        f"- Intervals: {req.confidence:.0%} percentile bootstrap ({req.n_boot} resamples): "
-        "decode steps in moving blocks for lhs/rhs, requests for latency and throughput.",
-        "",
-    ]
-
-
-def _runs_section(outcome: TuneOutcome) -> list[str]:
-    """Cells used against the full grid, trials, server starts, times, the design."""
-    result = outcome.result
-    return [
-        "## Runs",
-        "",
-        f"- Cells the decision rests on: **{result.runs_used}** of the full grid's "
-        f"{result.full_grid_runs} "
-        f"({result.runs_used / result.full_grid_runs:.0%}); measured in this run: "
-        f"{len(result.measured_now)}, reused from an earlier run: {len(result.reused)}.",
-        f"- Trials measured in this run: {outcome.trials_measured_now}; server starts: "
-        f"{outcome.server_starts}; measuring took {outcome.measure_s:.1f} s, the whole run "
-        f"{outcome.wall_s:.1f} s.",
-        f"- Design: {design_line(result.cells)}",
-        *servers_lines(outcome.servers),
         "",
     ]
 
