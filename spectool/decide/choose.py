@@ -4,6 +4,7 @@ pay, and pick the best draft lengths a TensorRT-LLM schedule can write."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from spectool.decide.acceptance import (
     PositionCounts,
@@ -61,7 +62,17 @@ def ranking_ratios(
     return ranking
 
 
-def unproven_gain(v: CellVerdict, min_gain: float = 0.0) -> bool:
+class _Judged(Protocol):
+    """A measured cell's verdict and estimate (a :class:`CellVerdict` or a method's cell)."""
+
+    @property
+    def verdict(self) -> str: ...
+
+    @property
+    def ratio(self) -> float: ...
+
+
+def unproven_gain(v: _Judged, min_gain: float = 0.0) -> bool:
     """Whether ``v`` is *uncertain*: inconclusive, with an estimate below ``1 - TIE_MARGIN``
     (and below ``1 - min_gain``). It is deployed on its estimate, and reported as uncertain."""
     return v.verdict == "inconclusive" and v.ratio < 1.0 - max(TIE_MARGIN, min_gain)

@@ -252,12 +252,11 @@ async def _full_load_loop(
         try:
             while not ended.is_set():
                 first, hook = hook, None
-                if joined[-1].is_set() and sent["settle"] > 0:
-                    sent["settle"] -= 1  # the loop's first turnover: not measured yet
-                    index = sent["extra"]
-                    sent["extra"] += 1
-                    await extra(index, first)
-                elif joined[-1].is_set() and sent["measured"] < measured:
+                full = joined[-1].is_set()
+                settling = full and sent["settle"] > 0  # the loop's first turnover
+                if settling:
+                    sent["settle"] -= 1
+                if full and not settling and sent["measured"] < measured:
                     index = sent["measured"]
                     sent["measured"] += 1
                     await send(index, first)

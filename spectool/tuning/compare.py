@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from spectool.decide.cell import CellMeasurement
+from spectool.decide.choose import unproven_gain
 from spectool.decide.duel import DuelEstimate
 from spectool.decide.methods import (
     TIE_MARGIN,
@@ -255,7 +256,7 @@ def comparison_markdown(
         row = []
         for m in methods:
             cell = choice.cells[m][c]
-            uncertain = " UNCERTAIN" if cell.verdict == "inconclusive" else ""
+            uncertain = " UNCERTAIN" if unproven_gain(cell) else ""
             row.append(
                 comparison_cell(choice, m, c)
                 if cell.k == 0
