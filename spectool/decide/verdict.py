@@ -99,6 +99,7 @@ class PairedEstimate:
     prompts_covered: int = 0  # distinct workload prompts the pairs sent (0: not recorded)
     workload_prompts: int = 0  # prompts in the workload (0: not recorded)
     rest_looks: int = 0  # looks the budget left untaken, spent at the last (paired.look_alpha)
+    set_aside: tuple[int, ...] = ()  # pairs set aside as disturbed (paired.disturbed)
 
     @property
     def pairs(self) -> int:
@@ -117,6 +118,7 @@ class PairedEstimate:
             "rest_looks": self.rest_looks,
             "prompts_covered": self.prompts_covered,
             "workload_prompts": self.workload_prompts,
+            "set_aside": list(self.set_aside),
         }
 
 

@@ -67,6 +67,7 @@ from spectool.tuning.pairing import (
     looks_of,
     max_pairs,
     over_budget,
+    prompt_bag,
     prompts_sent,
     rest_looks,
 )
@@ -153,13 +154,13 @@ def _paired(
     (a round's slots are in the order they were measured); ``rest_looks``: the looks the
     budget left untaken if it ends the cell at this look."""
     pairs = []
-    sent: set[int] = set()
+    bags: set[tuple[int, ...]] = set()  # each round's prompts (PairedCell.same_prompts)
     for got in rounds:
         if arm not in got:
             break  # retired: no later round holds it
         order = list(got)
         spec, base = got[arm], got[BASE]
-        sent.update(prompts_sent(spec))
+        bags.add(prompt_bag(spec))
         pairs.append(
             BlockPair(
                 pooled_cell([spec], arm.k),
@@ -171,9 +172,10 @@ def _paired(
         tuple(pairs),
         looks=looks,
         objective=objective,
-        prompts_covered=len(sent),
+        prompts_covered=len(set().union(*bags)),
         workload_prompts=workload_prompts,
         rest_looks=rest_looks,
+        same_prompts=len(bags) == 1,
     )
 
 

@@ -22,6 +22,7 @@ blocks and decides when to stop:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 
 from spectool.decide.paired import BlockPair, PairedCell, paired_estimate, settled
@@ -104,6 +105,7 @@ def measure_paired(
         most = min(most, stop_after)
     pairs: list[BlockPair] = []
     sent: set[int] = set()
+    bags: set[tuple[int, ...]] = set()  # each block's prompts (PairedCell.same_prompts)
     spent = 0.0
     rest = 0  # looks the budget left untaken when it ended the cell (PairedCell.rest_looks)
 
@@ -116,6 +118,7 @@ def measure_paired(
             workload_prompts=workload_prompts,
             design=design,
             rest_looks=rest,
+            same_prompts=len(bags) == 1,
         )
 
     for i in range(most):
@@ -126,7 +129,9 @@ def measure_paired(
             trial = block(i, arm)
             walls.append(trial.wall_time_s)
             got[arm] = pooled_cell([trial], arm, level=concurrency)
-            sent.update(prompts_sent(trial))
+            bag = prompt_bag(trial)
+            bags.add(bag)
+            sent.update(bag)
         spent += max(walls) if design == "concurrent" else sum(walls)  # blocks at once: wall
         pairs.append(BlockPair(got[k], got[0], spec_first=spec_first))
         if len(pairs) % every:
@@ -141,14 +146,20 @@ def measure_paired(
     return done
 
 
-def prompts_sent(trial: TrialResult) -> set[int]:
-    """The workload indices of the prompts a block sent (its measured requests)."""
+def prompt_bag(trial: TrialResult) -> tuple[int, ...]:
+    """The workload indices of the prompts a block sent (its measured requests), sorted, a
+    prompt sent twice twice."""
     config = trial.config
     order = config.prompt_indices
     n = len(trial.records) or config.num_prompts
     if order:
-        return {order[i % len(order)] for i in range(n)}
-    return {config.prompt_offset + i for i in range(n)}
+        return tuple(sorted(order[i % len(order)] for i in range(n)))
+    return tuple(config.prompt_offset + i for i in range(n))
+
+
+def prompts_sent(trial: TrialResult) -> set[int]:
+    """The workload indices of the prompts a block sent (its measured requests)."""
+    return set(prompt_bag(trial))
 
 
 class NotSaved(Exception):
@@ -159,7 +170,8 @@ DRIFT_NOTE = 0.10  # an arm whose speed moved more than this within a cell gets 
 
 
 def drift_notes(verdicts: Sequence[CellVerdict], choices: Mapping[int, int]) -> list[str]:
-    """Notes for paired cells during which either arm's speed moved by more than 10%.
+    """Notes for paired cells during which either arm's speed moved by more than 10%, and for
+    cells with pairs set aside as disturbed (:func:`spectool.decide.paired.disturbed`).
 
     The pairs absorb a change that hits both arms alike; the note says how much moved and
     whether the cell still settled, so a reader sees why a cell came out ``inconclusive``.
@@ -169,6 +181,15 @@ def drift_notes(verdicts: Sequence[CellVerdict], choices: Mapping[int, int]) -> 
         est = v.paired
         if est is None:
             continue
+        if est.set_aside:
+            aside = ", ".join(
+                f"pair {i + 1} ({math.exp(est.log_ratios[i]):.3f})" for i in est.set_aside
+            )
+            notes.append(
+                f"concurrency {v.concurrency}, k={v.k}: {aside} of {est.pairs} set aside as "
+                f"disturbed (every block sent the whole workload; it lay far from the other "
+                f"pairs): ratio {v.ratio:.3f} (CI {v.ci_low:.3f}-{v.ci_high:.3f}) from the rest"
+            )
         moved = [
             (arm, drift)
             for arm, drift in (("baseline", est.drift_base), ("speculative", est.drift_spec))

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from spectool.decide.choose import unproven_gain
+from spectool.decide.paired import DISTURBED_SDS
 from spectool.decide.prune import pruning_markdown
 from spectool.decide.stats import Interval, acceptance_curves
 from spectool.decide.verdict import TIE_MARGIN
@@ -67,7 +68,10 @@ def _noise_section(outcome: TuneOutcome) -> list[str]:
         if est is None:
             rows.append([str(v.concurrency), str(v.k), v.design, *[DASH] * 6])
             continue
-        ratios = " ".join(f"{math.exp(d):.3f}" for d in est.log_ratios)
+        ratios = " ".join(
+            f"[{math.exp(d):.3f}]" if i in est.set_aside else f"{math.exp(d):.3f}"
+            for i, d in enumerate(est.log_ratios)
+        )
         why = DASH
         if v.verdict == "inconclusive":
             wide = (
@@ -81,7 +85,9 @@ def _noise_section(outcome: TuneOutcome) -> list[str]:
                 str(v.concurrency),
                 str(v.k),
                 est.design,
-                str(est.pairs),
+                f"{est.pairs} ({len(est.set_aside)} set aside)"
+                if est.set_aside
+                else str(est.pairs),
                 f"{est.prompts_covered}/{est.workload_prompts}" if est.workload_prompts else DASH,
                 ratios,
                 f"{est.spread:.3f}",
@@ -93,7 +99,11 @@ def _noise_section(outcome: TuneOutcome) -> list[str]:
         "## Pairs and noise per cell",
         "",
         "Pair ratios: lhs / rhs of each speculative block against the baseline block beside it; "
-        "the cell's ratio is their token-weighted mean. Prompts: distinct prompts of the "
+        "the cell's ratio is their token-weighted mean. A ratio in brackets was set aside as "
+        "disturbed: every block of the cell sent the same prompts (the whole workload), so "
+        f"pairs differ by the machine alone, and it lay more than {DISTURBED_SDS:g} robust "
+        "standard deviations "
+        "from the others' median. Prompts: distinct prompts of the "
         "workload the pairs sent (they walk shuffled passes over it and are judged after whole "
         "passes). Spread: standard deviation of their logarithms (the prompts' differences and "
         "what the pairing did not cancel). "

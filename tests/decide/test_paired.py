@@ -11,6 +11,7 @@ from spectool.decide.paired import (
     BlockPair,
     PairedCell,
     bracketed_estimate,
+    disturbed,
     evaluate_paired,
     paired_estimate,
     settled,
@@ -198,3 +199,74 @@ def test_a_tail_objective_sees_the_tail_the_mean_hides() -> None:
     assert tail.pairs == 8 and tail.source == "requests"
     p90 = paired_estimate(PairedCell(tuple(pairs), objective="tpot@p90"))
     assert p90.ratio < tail.ratio
+
+
+def _disturbed_cell(same_prompts: bool) -> PairedCell:
+    """The main job's concurrency-16 cell of 2026-12-05 in shape: seven pairs whose two
+    blocks ran alike (speculation 6% faster per token, each pair's machine speed its own) and
+    one whose baseline block ran 1.5x faster than its speculative block (a disturbance)."""
+    speeds = [1.0, 1.1, 0.95, 1.05, 1.0, 0.9, 1.1, 1.0]
+    pairs = []
+    for i, s in enumerate(speeds):
+        spec = block(3, s * 0.94 * (1.0 + 0.02 * (i % 3 - 1)), seed=2 * i)
+        base = block(0, s / (1.55 if i == 5 else 1.0) * TRUE_RATIO, seed=2 * i + 1)
+        pairs.append(BlockPair(spec, base, i % 2 == 0))
+    return PairedCell(tuple(pairs), same_prompts=same_prompts)
+
+
+def test_a_disturbed_pair_of_whole_workload_blocks_is_set_aside() -> None:
+    kept = paired_estimate(_disturbed_cell(same_prompts=True), looks=6)
+    counted = paired_estimate(_disturbed_cell(same_prompts=False), looks=6)
+    # every pair counts where blocks send different prompts: the one disturbed pair, at full
+    # weight, opens the interval over 1 (today's flip) ...
+    assert counted.set_aside == () and counted.verdict == "inconclusive"
+    assert counted.ci_high > 1.0 and counted.ratio > 0.98
+    # ... where every block sent the same prompts it is the machine's, set aside and recorded
+    assert kept.set_aside == (5,) and kept.pairs == 8
+    assert kept.ratio == pytest.approx(0.94, rel=0.02)
+    assert kept.verdict == "pays" and kept.ci_high < 0.98
+    assert kept.to_json()["set_aside"] == [5]
+    from spectool.tuning.pairing import drift_notes
+
+    verdict = evaluate_paired(_disturbed_cell(same_prompts=True), looks=6, n_boot=100)
+    (note,) = [n for n in drift_notes([verdict], {}) if "set aside" in n]
+    assert "pair 6 (1.48" in note and "of 8 set aside as disturbed" in note
+
+
+def test_pairs_are_set_aside_only_far_off_and_at_most_one_in_eight() -> None:
+    rng = np.random.default_rng(3)
+    # the noise of normal pairs alone: one set aside in few cells (6 robust sds)
+    hits = sum(bool(disturbed(rng.normal(0.0, 0.05, 8))) for _ in range(2000))
+    assert hits / 2000 < 0.05
+    assert disturbed(rng.normal(0.0, 0.05, 7) + np.array([0, 0, 0, 0, 0, 0, 1.0])) == ()
+    d = np.array([0.0, 0.01, -0.01, 0.02, -0.02, 0.5, 0.0, 0.01])
+    assert disturbed(d) == (5,)
+    two = np.concatenate([d, d])  # 16 pairs: at most two, the farthest
+    assert disturbed(two) == (5, 13)
+    three = two.copy()
+    three[0] = -0.4
+    assert disturbed(three) == (5, 13)  # 0.5 beats 0.4 on both sides of the median
+    assert disturbed(np.zeros(8)) == ()  # no spread: nothing is far off
+
+
+def test_setting_aside_keeps_the_intervals_coverage() -> None:
+    """Cells of 8 pairs at the main job's last look (95.8% nominal): normal pairs, and
+    pairs of which one in a quarter of the cells is shifted 7-17 standard deviations."""
+    from scipy import stats
+
+    rng = np.random.default_rng(5)
+    alpha, cells = 0.05 * 5 / 6, 3000
+    t = {n: float(stats.t.ppf(1 - alpha / 2, n - 1)) for n in (7, 8)}
+    for shifted in (False, True):
+        covered, widths, whole = 0, 0.0, 0.0
+        for _ in range(cells):
+            d = rng.normal(0.0, 1.0, 8)
+            if shifted and rng.random() < 0.25:
+                d[rng.integers(8)] += rng.choice([-1, 1]) * rng.uniform(7, 17)
+            whole_half = t[8] * d.std(ddof=1) / np.sqrt(8)
+            kept = np.delete(d, list(disturbed(d)))
+            half = t[kept.size] * kept.std(ddof=1) / np.sqrt(kept.size)
+            covered += abs(kept.mean()) <= half
+            widths, whole = widths + half, whole + whole_half
+        assert covered / cells > 0.935
+        assert widths / whole < (0.7 if shifted else 1.0)  # narrower where pairs were set aside

@@ -100,6 +100,7 @@ def test_each_methods_cell_is_what_its_own_search_reads_back() -> None:
         assert n <= len(joint.pairs)
         assert [p.spec for p in alone.pairs] == [p.spec for p in joint.pairs[:n]]
         assert [p.base for p in alone.pairs] == [p.base for p in joint.pairs[:n]]
+        assert joint.same_prompts == alone.same_prompts  # both read the blocks' prompts
         assert paired_estimate(joint).ci_high < 1.0  # both settled: they pay
     duel = duel_from_pairs(cell)
     assert duel.ratio == pytest.approx(0.75, rel=0.05)
