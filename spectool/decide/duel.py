@@ -11,7 +11,9 @@ blocks walk the same shuffled passes over the workload as every paired cell). Ea
 else their requests): a change of the machine's speed between pairs cancels in it.
 
 Estimate: the token-weighted mean of the pairs' ratios ``exp(d_i)``, with the standard error
-of its log between pairs (:func:`spectool.decide.paired.weighted_ratio`). A head-to-head cell is
+of its log between pairs (:func:`spectool.decide.paired.weighted_ratio`); where every block
+sent the same prompts, without the pairs set aside as disturbed
+(:func:`spectool.decide.paired.disturbed`). A head-to-head cell is
 *decided* once the two one-sided tests prove the methods equivalent within ``1 +- margin``, or
 the two-sided interval lies wholly on one side of 1 (t quantiles with ``n - 1`` degrees of
 freedom, Bonferroni-corrected over the looks the cell may take).
@@ -29,7 +31,7 @@ import numpy as np
 
 from spectool.decide.cell import CellMeasurement
 from spectool.decide.cost import source_terms
-from spectool.decide.paired import weighted_ratio
+from spectool.decide.paired import disturbed, weighted_ratio
 from spectool.decide.verdict import Source, objective_source
 from spectool.errors import BadInputError
 
@@ -68,10 +70,12 @@ class DuelEstimate:
     prompts_covered: int = 0
     workload_prompts: int = 0
     source: Source = "iterations"
+    set_aside: tuple[int, ...] = ()  # pairs set aside as disturbed (paired.disturbed)
 
     @property
     def pairs(self) -> int:
-        return len(self.log_ratios)
+        """The pairs the estimate stands on (those set aside not counted)."""
+        return len(self.log_ratios) - len(self.set_aside)
 
     def interval(self, quantile: float) -> tuple[float, float]:
         """``ratio`` times and over ``exp(quantile * log_se)``."""
@@ -90,6 +94,7 @@ class DuelEstimate:
             "prompts_covered": self.prompts_covered,
             "workload_prompts": self.workload_prompts,
             "source": self.source,
+            "set_aside": list(self.set_aside),
         }
 
 
@@ -110,9 +115,12 @@ def duel_estimate(
     prompts_covered: int = 0,
     workload_prompts: int = 0,
     objective: str = "steps",
+    same_prompts: bool = False,
 ) -> DuelEstimate:
     """The head-to-head estimate from ``pairs`` (at least :data:`MIN_PAIRS`), comparing what
-    ``objective`` compares (:data:`~spectool.decide.verdict.OBJECTIVES`), as the cells did."""
+    ``objective`` compares (:data:`~spectool.decide.verdict.OBJECTIVES`), as the cells did.
+    ``same_prompts``: every block sent the same prompts, so a far-off pair is set aside as
+    disturbed, as in a paired cell (:func:`spectool.decide.paired.disturbed`)."""
     if len(pairs) < MIN_PAIRS:
         raise BadInputError("head-to-head", f"need {MIN_PAIRS} pairs, got {len(pairs)}")
     c = pairs[0].a.concurrency
@@ -128,7 +136,10 @@ def duel_estimate(
         ms_b, tok = _ms_and_tokens(p.b, source)
         logs.append(math.log(ms_a / ms_b))
         tokens.append(tok)
-    ratio, log_se = weighted_ratio(np.array(logs), np.array(tokens))
+    d = np.array(logs)
+    aside = disturbed(d) if same_prompts else ()
+    kept = [i for i in range(d.size) if i not in aside]
+    ratio, log_se = weighted_ratio(d[kept], np.array(tokens)[kept])
     return DuelEstimate(
         concurrency=c,
         methods=methods,
@@ -139,6 +150,7 @@ def duel_estimate(
         prompts_covered=prompts_covered,
         workload_prompts=workload_prompts,
         source=source,
+        set_aside=aside,
     )
 
 

@@ -24,7 +24,7 @@ from spectool.decide.methods import TIE_MARGIN
 from spectool.errors import BadInputError
 from spectool.measure.runner import TrialResult, load_trials
 from spectool.tuning.outcome import TuneOutcome
-from spectool.tuning.pairing import look_every, looks_of, max_pairs, prompts_sent
+from spectool.tuning.pairing import look_every, looks_of, max_pairs, prompt_bag
 from spectool.tuning.plan import METRICS_INTERVAL_S, make_driver, measurement_plan
 from spectool.tuning.request import TuneRequest
 from spectool.tuning.resume import check_requests
@@ -119,6 +119,7 @@ def _measure_at(
     workload = plan.prompts_in_workload
     pairs: list[DuelPair] = []
     sent: set[int] = set()
+    bags: set[tuple[int, ...]] = set()  # each block's prompts (duel_estimate's same_prompts)
     spent = 0.0
     estimate: DuelEstimate | None = None
     for i in range(most):
@@ -127,7 +128,9 @@ def _measure_at(
         for side in (0, 1) if a_first else (1, 0):
             trial = block(side, c, ks[side], i)
             spent += trial.wall_time_s
-            sent.update(prompts_sent(trial))
+            bag = prompt_bag(trial)
+            bags.add(bag)
+            sent.update(bag)
             got[side] = trial
         pairs.append(DuelPair(pooled_cell([got[0]], ks[0]), pooled_cell([got[1]], ks[1]), a_first))
         if len(pairs) % every:
@@ -138,6 +141,7 @@ def _measure_at(
             prompts_covered=len(sent),
             workload_prompts=workload,
             objective=req.objective,
+            same_prompts=len(bags) == 1,
         )
         if (
             decided(estimate, confidence=req.confidence, margin=TIE_MARGIN, looks=looks)

@@ -179,6 +179,12 @@ def _paired(
     )
 
 
+def same_prompts(rounds: Sequence[Mapping[Slot, TrialResult]]) -> bool:
+    """Whether every round's blocks sent the same prompts (a round's slots send the same
+    ones): :attr:`~spectool.decide.paired.PairedCell.same_prompts` for head-to-head pairs."""
+    return len({prompt_bag(next(iter(got.values()))) for got in rounds if got}) == 1
+
+
 def duel_pairs(a: Arm, b: Arm, rounds: Sequence[dict[Slot, TrialResult]]) -> list[DuelPair]:
     """The head-to-head pairs of arms ``a`` and ``b``: their blocks of every round holding
     both (an arm that retired left the later rounds)."""
@@ -243,7 +249,10 @@ def measure_joint(
         if len(lead) >= 2 and ratios[lead[0]] < threshold:
             a, b = lead[0], lead[1]
             duel = duel_estimate(
-                duel_pairs(a, b, rounds), (a.method, b.method), objective=objective
+                duel_pairs(a, b, rounds),
+                (a.method, b.method),
+                objective=objective,
+                same_prompts=same_prompts(rounds),
             )
             compared = decided(duel, confidence=confidence, margin=TIE_MARGIN, looks=looks)
         beaten = _beaten(
@@ -303,7 +312,10 @@ def _beaten(
         if arm in done or arm in lead[:2] or arm.method == best.method:
             continue
         duel = duel_estimate(
-            duel_pairs(best, arm, rounds), (best.method, arm.method), objective=objective
+            duel_pairs(best, arm, rounds),
+            (best.method, arm.method),
+            objective=objective,
+            same_prompts=same_prompts(rounds),
         )
         if proven_faster(duel, confidence=confidence, looks=looks):
             beaten.append(arm)
@@ -453,5 +465,6 @@ def duel_from_joint(
             prompts_covered=len(sent),
             workload_prompts=files[a.method].plan.prompts_in_workload,
             objective=objective,
+            same_prompts=same_prompts(rounds),
         )
     return None

@@ -52,6 +52,25 @@ def test_head_to_head_cancels_the_machines_drift_and_proves_a_gap_or_a_tie() -> 
     assert data["methods"] == ["ngram", "draft_model"] and len(data["pair_ratios"]) == 8
 
 
+def test_a_disturbed_pair_of_whole_workload_blocks_leaves_the_head_to_head() -> None:
+    """Two methods equally fast; in one pair the second method's block ran 1.6x slower (the
+    machine, not the method). Where every block sent the same prompts that pair is set aside
+    and the tie is proven; counted, it keeps the head-to-head open."""
+    pairs = _pairs(20.0, 20.0, 8, lambda t: 1.0)
+    hit = pairs[5]
+    slow = replace(hit.b, iterations=tuple(
+        replace(s, verify_ms=1.6 * s.verify_ms) for s in hit.b.iterations
+    ))  # fmt: skip
+    pairs[5] = replace(hit, b=slow)
+    counted = duel_estimate(pairs, ("ngram", "draft_model"))
+    kept = duel_estimate(pairs, ("ngram", "draft_model"), same_prompts=True)
+    assert counted.set_aside == () and counted.pairs == 8
+    assert not decided(counted, confidence=0.95, margin=0.05, looks=6)
+    assert kept.set_aside == (5,) and kept.pairs == 7 and kept.to_json()["set_aside"] == [5]
+    assert kept.ratio == pytest.approx(1.0, abs=0.03)
+    assert decided(kept, confidence=0.95, margin=0.05, looks=6)  # proven equivalent
+
+
 def test_the_comparison_rests_on_the_head_to_head_where_it_was_measured() -> None:
     """Independent cells put ngram 1.2% behind the draft model with wide intervals: uncertain.
     Head to head, ngram is measured 10% slower at every concurrency: proven worse. Head to head
