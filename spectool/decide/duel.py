@@ -11,9 +11,11 @@ blocks walk the same shuffled passes over the workload as every paired cell). Ea
 else their requests): a change of the machine's speed between pairs cancels in it.
 
 Estimate: the token-weighted mean of the pairs' ratios ``exp(d_i)``, with the standard error
-of its log between pairs (:func:`spectool.decide.paired.weighted_ratio`); where every block
+of its log between pairs (:func:`spectool.decide.pair_stats.weighted_ratio`); where every block
 sent the same prompts, without the pairs set aside as disturbed
-(:func:`spectool.decide.paired.disturbed`). A head-to-head cell is
+(:func:`spectool.decide.pair_stats.disturbed`); where the pairs fall into several strata of the
+same prompts, each measured twice or more, the strata's estimate
+(:func:`spectool.decide.pair_stats.stratified_ratio`). A head-to-head cell is
 *decided* once the two one-sided tests prove the methods equivalent within ``1 +- margin``, or
 the two-sided interval lies wholly on one side of 1 (t quantiles with ``n - 1`` degrees of
 freedom, Bonferroni-corrected over the looks the cell may take).
@@ -31,7 +33,7 @@ import numpy as np
 
 from spectool.decide.cell import CellMeasurement
 from spectool.decide.cost import source_terms
-from spectool.decide.paired import disturbed, weighted_ratio
+from spectool.decide.pair_stats import disturbed, pairs_ratio
 from spectool.decide.verdict import Source, objective_source
 from spectool.errors import BadInputError
 
@@ -70,12 +72,19 @@ class DuelEstimate:
     prompts_covered: int = 0
     workload_prompts: int = 0
     source: Source = "iterations"
-    set_aside: tuple[int, ...] = ()  # pairs set aside as disturbed (paired.disturbed)
+    set_aside: tuple[int, ...] = ()  # pairs set aside as disturbed (pair_stats.disturbed)
+    df: int = 0  # degrees of freedom of log_se (0: pairs - 1)
+    strata: int = 0  # strata of the same prompts the estimate used (0: between pairs)
 
     @property
     def pairs(self) -> int:
         """The pairs the estimate stands on (those set aside not counted)."""
         return len(self.log_ratios) - len(self.set_aside)
+
+    @property
+    def dof(self) -> int:
+        """The degrees of freedom of ``log_se``: pairs less strata, or pairs less one."""
+        return self.df or max(self.pairs - 1, 1)
 
     def interval(self, quantile: float) -> tuple[float, float]:
         """``ratio`` times and over ``exp(quantile * log_se)``."""
@@ -95,6 +104,7 @@ class DuelEstimate:
             "workload_prompts": self.workload_prompts,
             "source": self.source,
             "set_aside": list(self.set_aside),
+            "strata": self.strata,
         }
 
 
@@ -115,12 +125,16 @@ def duel_estimate(
     prompts_covered: int = 0,
     workload_prompts: int = 0,
     objective: str = "steps",
-    same_prompts: bool = False,
+    strata: Sequence[int] = (),
 ) -> DuelEstimate:
     """The head-to-head estimate from ``pairs`` (at least :data:`MIN_PAIRS`), comparing what
     ``objective`` compares (:data:`~spectool.decide.verdict.OBJECTIVES`), as the cells did.
-    ``same_prompts``: every block sent the same prompts, so a far-off pair is set aside as
-    disturbed, as in a paired cell (:func:`spectool.decide.paired.disturbed`)."""
+    ``strata``: per pair, its stratum of the same prompts (:attr:`spectool.decide.paired.
+    PairedCell.strata`): with one, a far-off pair is set aside as disturbed
+    (:func:`~spectool.decide.pair_stats.disturbed`); with several of two pairs or more, the
+    estimate is the strata's (:func:`~spectool.decide.pair_stats.stratified_ratio`)."""
+    if strata and len(strata) != len(pairs):
+        raise BadInputError("head-to-head", f"{len(strata)} strata for {len(pairs)} pairs")
     if len(pairs) < MIN_PAIRS:
         raise BadInputError("head-to-head", f"need {MIN_PAIRS} pairs, got {len(pairs)}")
     c = pairs[0].a.concurrency
@@ -137,9 +151,10 @@ def duel_estimate(
         logs.append(math.log(ms_a / ms_b))
         tokens.append(tok)
     d = np.array(logs)
-    aside = disturbed(d) if same_prompts else ()
+    aside = disturbed(d) if len(set(strata)) == 1 else ()
     kept = [i for i in range(d.size) if i not in aside]
-    ratio, log_se = weighted_ratio(d[kept], np.array(tokens)[kept])
+    groups = np.array(strata)[kept] if strata else None
+    ratio, log_se, df, used = pairs_ratio(d[kept], np.array(tokens)[kept], groups)
     return DuelEstimate(
         concurrency=c,
         methods=methods,
@@ -151,30 +166,33 @@ def duel_estimate(
         workload_prompts=workload_prompts,
         source=source,
         set_aside=aside,
+        df=df,
+        strata=used,
     )
 
 
-def quantiles(pairs: int, confidence: float, looks: int = 1) -> tuple[float, float]:
-    """``(one-sided, two-sided)`` t quantiles for ``pairs`` pairs at ``confidence``, each look
-    at confidence ``1 - (1 - confidence) / looks``."""
+def quantiles(df: int, confidence: float, looks: int = 1) -> tuple[float, float]:
+    """``(one-sided, two-sided)`` t quantiles on ``df`` degrees of freedom (an estimate's
+    :attr:`DuelEstimate.dof`) at ``confidence``, each look at confidence ``1 - (1 -
+    confidence) / looks``."""
     from scipy import stats
 
     alpha = (1.0 - confidence) / looks
-    df = max(pairs - 1, 1)
+    df = max(df, 1)
     return float(stats.t.ppf(1.0 - alpha, df)), float(stats.t.ppf(1.0 - alpha / 2.0, df))
 
 
 def proven_faster(estimate: DuelEstimate, *, confidence: float, looks: int = 1) -> bool:
     """Whether the first method is proven faster: the two-sided interval of its ratio over the
     second's lies wholly below 1 (the test :func:`decided` calls *proven different*)."""
-    _, two = quantiles(estimate.pairs, confidence, looks)
+    _, two = quantiles(estimate.dof, confidence, looks)
     return estimate.interval(two)[1] < 1.0
 
 
 def decided(estimate: DuelEstimate, *, confidence: float, margin: float, looks: int = 1) -> bool:
     """Whether the head-to-head cell is settled: proven equivalent within ``1 +- margin`` (two
     one-sided tests) or proven different (the two-sided interval clear of 1)."""
-    one, two = quantiles(estimate.pairs, confidence, looks)
+    one, two = quantiles(estimate.dof, confidence, looks)
     low, high = estimate.interval(one)
     if 1.0 / (1.0 + margin) <= low and high <= 1.0 + margin:
         return True

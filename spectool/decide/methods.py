@@ -257,7 +257,7 @@ def choose_method(
         head = _duel_at(duel, c, (m, cm.k), (ref, cr.k))
         if head is not None:
             sign, est = head
-            _, two = duel_quantiles(est.pairs, confidence)
+            _, two = duel_quantiles(est.dof, confidence)
             return sign * math.log(est.ratio), est.log_se * two / z
         d = math.log(cm.ratio) - math.log(cr.ratio)
         return d, math.sqrt(cm.log_se(z) ** 2 + cr.log_se(z) ** 2)

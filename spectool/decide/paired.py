@@ -28,15 +28,18 @@ with ``r_i = exp(d_i)`` and ``w_i`` pair ``i``'s share of the output tokens: the
 speculative time over its baseline time when the baseline's cost per token does not depend on
 the prompt, with each pair's own machine speed cancelled. Pairs send different prompts, and
 acceptance depends on the prompt, so the pairs' ratios differ by their prompts as well as by
-noise; :mod:`spectool.tuning.trials` makes the pairs walk through shuffled passes over the
-whole workload, so any set of first pairs is a random sample of it and a full pass is all of
-it. Its half-width on the log scale is ``t(n - 1) * se_w / ratio`` (``se_w`` the standard
-error of the weighted mean between pairs: the prompts' spread, drift that the pairing did not
-cancel, and sampling noise); below :data:`FLOOR_BELOW_PAIRS` pairs, at least ``z * se_within``
-(the pairs' own sampling noise, from a bootstrap of each block's iterations or requests; it
-keeps two pairs that agree by chance from claiming precision they do not have). Where every
-block sent the same prompts (each is the whole workload), a pair far off the others is a
-disturbance of the machine and is set aside (:func:`disturbed`). Blocks are
+noise; :mod:`spectool.tuning.trials` makes the pairs walk through passes over the whole
+workload, each the same shuffle cut into the same blocks, so any first pairs are a random
+sample of it, a full pass is all of it, and pairs that sent the same prompts form strata
+(``PairedCell.strata``). Its half-width on the log scale is ``t(df) * se / ratio``
+(:mod:`spectool.decide.pair_stats`): once every stratum holds two pairs, ``se`` is the strata's
+(the pairs' spread around their own stratum's mean: drift that the pairing did not cancel and
+sampling noise; ``df`` pairs less strata); before, the weighted mean's between pairs (which
+also counts the prompts' spread; ``df = n - 1``). Below :data:`FLOOR_BELOW_PAIRS` pairs it is
+at least ``z * se_within`` (the pairs' own sampling noise, from a bootstrap of each block's
+iterations or requests; it keeps two pairs that agree by chance from claiming precision they
+do not have). Where every block sent the same prompts (each is the whole workload), a pair far
+off the others is a disturbance and is set aside (``pair_stats.disturbed``). Blocks are
 added until the interval is clear of the decision threshold (:func:`settled`), so the interval
 is looked at several times: the confidence of each look is Bonferroni-corrected over the looks
 a cell may take (``looks``), and a last look that the budget forced also spends the shares of
@@ -60,6 +63,7 @@ from spectool.decide.cost import (
     resampled_sums,
     source_terms,
 )
+from spectool.decide.pair_stats import disturbed, pairs_ratio
 from spectool.decide.verdict import (
     QUANTILES,
     CellVerdict,
@@ -80,11 +84,6 @@ MIN_PAIRS = 2
 # include it. It was what held concurrency 16's interval open, not the pairs.
 FLOOR_BELOW_PAIRS = 8
 _WITHIN_BOOT = 400  # resamples per block for the within-pair noise
-# A pair of a cell whose blocks all send the same prompts is set aside as disturbed when its log
-# ratio lies more than this many robust standard deviations (1.4826 x the median absolute
-# deviation) from the pairs' median; at most one pair in SET_ASIDE_PER, from that many pairs on.
-DISTURBED_SDS = 6.0
-SET_ASIDE_PER = 8
 
 
 @dataclass(frozen=True)
@@ -118,9 +117,11 @@ class PairedCell:
     # looks the budget left untaken: the budget (time, not the pairs' ratios) made the last
     # look the final one, so it spends their share of the error rate too (:func:`look_alpha`)
     rest_looks: int = 0
-    # every block sent the same prompts, as often (each block is the whole workload): the
-    # blocks differ by the machine alone, so a far-off pair is a disturbance (:func:`disturbed`)
-    same_prompts: bool = False
+    # per pair, its stratum: pairs whose blocks sent the same prompts share one (numbered in
+    # order of appearance; empty: not recorded). One stratum: every block is the whole
+    # workload, so a far-off pair is a disturbance (pair_stats.disturbed); several, each with
+    # two pairs or more: the interval is the strata's (pair_stats.stratified_ratio)
+    strata: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.pairs:
@@ -128,6 +129,15 @@ class PairedCell:
         keys = {p.spec.key for p in self.pairs}
         if len(keys) != 1:
             raise BadInputError("paired cell", f"pairs of different cells: {sorted(keys)}")
+        if self.strata and len(self.strata) != len(self.pairs):
+            raise BadInputError(
+                "paired cell", f"{len(self.strata)} strata for {len(self.pairs)} pairs"
+            )
+
+    @property
+    def same_prompts(self) -> bool:
+        """Every block sent the same prompts, as often: blocks differ by the machine alone."""
+        return len(set(self.strata)) == 1
 
     @property
     def key(self) -> tuple[int, int]:
@@ -231,49 +241,18 @@ def paired_estimate(
     aside = disturbed(d) if cell.same_prompts else ()
     kept = np.array([i for i in range(d.size) if i not in aside])
     n = kept.size
-    ratio, log_se = weighted_ratio(d[kept], np.array(tokens)[kept])
+    strata = np.array(cell.strata)[kept] if cell.strata else None
+    ratio, log_se, df, used = pairs_ratio(d[kept], np.array(tokens)[kept], strata)
     spread = float(d[kept].std(ddof=1))
     within_se = math.sqrt(sum(variances[i] for i in kept)) / n
     alpha = look_alpha(confidence, looks, cell.rest_looks)
-    half = float(stats.t.ppf(1.0 - alpha / 2.0, n - 1)) * log_se
+    half = float(stats.t.ppf(1.0 - alpha / 2.0, df)) * log_se
     if d.size < FLOOR_BELOW_PAIRS:  # pairs measured: one set aside leaves 7 of 8
         half = max(half, float(stats.norm.ppf(1.0 - alpha / 2.0)) * within_se)
     low, high = ratio * math.exp(-half), ratio * math.exp(half)
     return _estimate(
-        cell, source, (ratio, low, high), d, spread, within_se, confidence, looks, aside
+        cell, source, (ratio, low, high), d, spread, within_se, confidence, looks, aside, used
     )
-
-
-def disturbed(log_ratios: np.ndarray) -> tuple[int, ...]:
-    """The pairs to set aside as disturbed: those whose log ratio lies more than
-    :data:`DISTURBED_SDS` robust standard deviations from the median, the farthest first, at
-    most one per :data:`SET_ASIDE_PER` pairs (none below that many).
-
-    Only for a cell whose blocks all send the same prompts (:attr:`PairedCell.same_prompts`):
-    there a pair's ratio differs from the others' by the machine alone, and one block that ran
-    while the machine was far slower or faster than in every other block (the main job's
-    concurrency-16 cell, 2026-12-05: a baseline block at 21.7 ms per token among 31-38, pair
-    ratio 1.44 among 0.90-0.98) is noise, not a fact of the workload; the t interval of the
-    mean would carry it at full weight and flip the verdict. Where blocks send different
-    prompts, a far-off pair may be its prompts (n-gram on a repetitive one), which the
-    workload's mean must count, so nothing is set aside. The threshold keeps the t interval's
-    coverage (seeded simulation, 20,000 cells of 8 pairs, at the main job's last look, 95.8%
-    nominal): on normal pairs it sets one aside in 3% of cells and the interval over the rest
-    covers in 95.2%; with one pair in a quarter of the cells shifted 7-17 standard deviations,
-    95.2% again, at 57% of the width of the interval over every pair
-    (``tests/decide/test_paired.py`` checks both on fewer cells).
-    """
-    n = log_ratios.size
-    most = n // SET_ASIDE_PER
-    if most < 1:
-        return ()
-    centre = float(np.median(log_ratios))
-    scale = 1.4826 * float(np.median(np.abs(log_ratios - centre)))
-    far = np.abs(log_ratios - centre)
-    if scale <= 0.0:
-        return ()
-    order = [int(i) for i in np.argsort(-far, kind="stable") if far[i] > DISTURBED_SDS * scale]
-    return tuple(sorted(order[:most]))
 
 
 def _estimate(
@@ -286,6 +265,7 @@ def _estimate(
     confidence: float,
     looks: int,
     set_aside: tuple[int, ...] = (),
+    strata: int = 0,
 ) -> PairedEstimate:
     """The estimate ``(ratio, low, high)`` of ``cell`` with its pairs' ``d_i`` (every pair's,
     also those ``set_aside``) and the drift of each arm from its first block to its last."""
@@ -309,6 +289,7 @@ def _estimate(
         workload_prompts=cell.workload_prompts,
         rest_looks=cell.rest_looks,
         set_aside=set_aside,
+        strata=strata,
     )
 
 
@@ -370,23 +351,6 @@ def look_alpha(confidence: float, looks: int, rest_looks: int = 0) -> float:
     second of six looks, the last look is at 5/6 of the error rate instead of 1/6 (t on 7
     degrees of freedom 2.44 instead of 3.9)."""
     return (1.0 - confidence) * (1 + rest_looks) / looks
-
-
-def weighted_ratio(log_ratios: np.ndarray, weights: np.ndarray) -> tuple[float, float]:
-    """The weighted mean of ``exp(log_ratios)`` and the standard error of its log.
-
-    The standard error is the weighted mean's between-pairs one, ``sqrt(n / (n - 1) *
-    sum(w_i^2 (r_i - mean)^2))`` with weights summing to 1, read on the log scale through the
-    mean (delta method). Equal weights give the ordinary ``sd(r) / sqrt(n)``.
-    """
-    r = np.exp(log_ratios)
-    if weights.size != r.size or not np.all(weights > 0):
-        raise BadInputError("paired estimate", "every pair needs a positive token count")
-    w = weights / weights.sum()
-    mean = float((w * r).sum())
-    n = r.size
-    se = math.sqrt(n / (n - 1) * float((w**2 * (r - mean) ** 2).sum())) if n > 1 else 0.0
-    return mean, se / mean
 
 
 def settled(estimate: PairedEstimate, threshold: float = 1.0) -> bool:

@@ -99,7 +99,8 @@ class PairedEstimate:
     prompts_covered: int = 0  # distinct workload prompts the pairs sent (0: not recorded)
     workload_prompts: int = 0  # prompts in the workload (0: not recorded)
     rest_looks: int = 0  # looks the budget left untaken, spent at the last (paired.look_alpha)
-    set_aside: tuple[int, ...] = ()  # pairs set aside as disturbed (paired.disturbed)
+    set_aside: tuple[int, ...] = ()  # pairs set aside as disturbed (pair_stats.disturbed)
+    strata: int = 0  # strata of the same prompts the interval used (0: between pairs)
 
     @property
     def pairs(self) -> int:
@@ -119,6 +120,7 @@ class PairedEstimate:
             "prompts_covered": self.prompts_covered,
             "workload_prompts": self.workload_prompts,
             "set_aside": list(self.set_aside),
+            "strata": self.strata,
         }
 
 

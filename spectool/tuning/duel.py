@@ -24,7 +24,7 @@ from spectool.decide.methods import TIE_MARGIN
 from spectool.errors import BadInputError
 from spectool.measure.runner import TrialResult, load_trials
 from spectool.tuning.outcome import TuneOutcome
-from spectool.tuning.pairing import look_every, looks_of, max_pairs, prompt_bag
+from spectool.tuning.pairing import look_every, looks_of, max_pairs, prompt_bag, strata_of
 from spectool.tuning.plan import METRICS_INTERVAL_S, make_driver, measurement_plan
 from spectool.tuning.request import TuneRequest
 from spectool.tuning.resume import check_requests
@@ -119,7 +119,7 @@ def _measure_at(
     workload = plan.prompts_in_workload
     pairs: list[DuelPair] = []
     sent: set[int] = set()
-    bags: set[tuple[int, ...]] = set()  # each block's prompts (duel_estimate's same_prompts)
+    bags: list[tuple[int, ...]] = []  # each pair's prompts (duel_estimate's strata)
     spent = 0.0
     estimate: DuelEstimate | None = None
     for i in range(most):
@@ -128,11 +128,10 @@ def _measure_at(
         for side in (0, 1) if a_first else (1, 0):
             trial = block(side, c, ks[side], i)
             spent += trial.wall_time_s
-            bag = prompt_bag(trial)
-            bags.add(bag)
-            sent.update(bag)
+            sent.update(prompt_bag(trial))
             got[side] = trial
         pairs.append(DuelPair(pooled_cell([got[0]], ks[0]), pooled_cell([got[1]], ks[1]), a_first))
+        bags.append(prompt_bag(got[0]))
         if len(pairs) % every:
             continue
         estimate = duel_estimate(
@@ -141,7 +140,7 @@ def _measure_at(
             prompts_covered=len(sent),
             workload_prompts=workload,
             objective=req.objective,
-            same_prompts=len(bags) == 1,
+            strata=strata_of(bags),
         )
         if (
             decided(estimate, confidence=req.confidence, margin=TIE_MARGIN, looks=looks)

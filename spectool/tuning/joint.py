@@ -70,6 +70,7 @@ from spectool.tuning.pairing import (
     prompt_bag,
     prompts_sent,
     rest_looks,
+    strata_of,
 )
 from spectool.tuning.trials import CellPlan, pooled_cell
 
@@ -154,13 +155,13 @@ def _paired(
     (a round's slots are in the order they were measured); ``rest_looks``: the looks the
     budget left untaken if it ends the cell at this look."""
     pairs = []
-    bags: set[tuple[int, ...]] = set()  # each round's prompts (PairedCell.same_prompts)
+    bags: list[tuple[int, ...]] = []  # each round's prompts (PairedCell.strata)
     for got in rounds:
         if arm not in got:
             break  # retired: no later round holds it
         order = list(got)
         spec, base = got[arm], got[BASE]
-        bags.add(prompt_bag(spec))
+        bags.append(prompt_bag(spec))
         pairs.append(
             BlockPair(
                 pooled_cell([spec], arm.k),
@@ -175,14 +176,14 @@ def _paired(
         prompts_covered=len(set().union(*bags)),
         workload_prompts=workload_prompts,
         rest_looks=rest_looks,
-        same_prompts=len(bags) == 1,
+        strata=strata_of(bags),
     )
 
 
-def same_prompts(rounds: Sequence[Mapping[Slot, TrialResult]]) -> bool:
-    """Whether every round's blocks sent the same prompts (a round's slots send the same
-    ones): :attr:`~spectool.decide.paired.PairedCell.same_prompts` for head-to-head pairs."""
-    return len({prompt_bag(next(iter(got.values()))) for got in rounds if got}) == 1
+def duel_strata(a: Arm, b: Arm, rounds: Sequence[Mapping[Slot, TrialResult]]) -> tuple[int, ...]:
+    """Per pair of :func:`duel_pairs`, its stratum of the same prompts
+    (:attr:`~spectool.decide.paired.PairedCell.strata`)."""
+    return strata_of([prompt_bag(got[a]) for got in rounds if a in got and b in got])
 
 
 def duel_pairs(a: Arm, b: Arm, rounds: Sequence[dict[Slot, TrialResult]]) -> list[DuelPair]:
@@ -252,7 +253,7 @@ def measure_joint(
                 duel_pairs(a, b, rounds),
                 (a.method, b.method),
                 objective=objective,
-                same_prompts=same_prompts(rounds),
+                strata=duel_strata(a, b, rounds),
             )
             compared = decided(duel, confidence=confidence, margin=TIE_MARGIN, looks=looks)
         beaten = _beaten(
@@ -315,7 +316,7 @@ def _beaten(
             duel_pairs(best, arm, rounds),
             (best.method, arm.method),
             objective=objective,
-            same_prompts=same_prompts(rounds),
+            strata=duel_strata(best, arm, rounds),
         )
         if proven_faster(duel, confidence=confidence, looks=looks):
             beaten.append(arm)
@@ -465,6 +466,6 @@ def duel_from_joint(
             prompts_covered=len(sent),
             workload_prompts=files[a.method].plan.prompts_in_workload,
             objective=objective,
-            same_prompts=same_prompts(rounds),
+            strata=duel_strata(a, b, rounds),
         )
     return None

@@ -105,7 +105,7 @@ def measure_paired(
         most = min(most, stop_after)
     pairs: list[BlockPair] = []
     sent: set[int] = set()
-    bags: set[tuple[int, ...]] = set()  # each block's prompts (PairedCell.same_prompts)
+    bags: list[tuple[int, ...]] = []  # each pair's prompts (PairedCell.strata)
     spent = 0.0
     rest = 0  # looks the budget left untaken when it ended the cell (PairedCell.rest_looks)
 
@@ -118,7 +118,7 @@ def measure_paired(
             workload_prompts=workload_prompts,
             design=design,
             rest_looks=rest,
-            same_prompts=len(bags) == 1,
+            strata=strata_of(bags),
         )
 
     for i in range(most):
@@ -129,11 +129,10 @@ def measure_paired(
             trial = block(i, arm)
             walls.append(trial.wall_time_s)
             got[arm] = pooled_cell([trial], arm, level=concurrency)
-            bag = prompt_bag(trial)
-            bags.add(bag)
-            sent.update(bag)
+            sent.update(prompt_bag(trial))
         spent += max(walls) if design == "concurrent" else sum(walls)  # blocks at once: wall
         pairs.append(BlockPair(got[k], got[0], spec_first=spec_first))
+        bags.append(prompt_bag(trial))
         if len(pairs) % every:
             continue
         forced = over_budget(spent, budget_s, len(pairs))
@@ -157,6 +156,13 @@ def prompt_bag(trial: TrialResult) -> tuple[int, ...]:
     return tuple(config.prompt_offset + i for i in range(n))
 
 
+def strata_of(bags: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
+    """Per pair, its stratum (:attr:`~spectool.decide.paired.PairedCell.strata`): pairs that
+    sent the same prompts share one, numbered in order of appearance."""
+    index: dict[tuple[int, ...], int] = {}
+    return tuple(index.setdefault(bag, len(index)) for bag in bags)
+
+
 def prompts_sent(trial: TrialResult) -> set[int]:
     """The workload indices of the prompts a block sent (its measured requests)."""
     return set(prompt_bag(trial))
@@ -171,7 +177,7 @@ DRIFT_NOTE = 0.10  # an arm whose speed moved more than this within a cell gets 
 
 def drift_notes(verdicts: Sequence[CellVerdict], choices: Mapping[int, int]) -> list[str]:
     """Notes for paired cells during which either arm's speed moved by more than 10%, and for
-    cells with pairs set aside as disturbed (:func:`spectool.decide.paired.disturbed`).
+    cells with pairs set aside as disturbed (:func:`spectool.decide.pair_stats.disturbed`).
 
     The pairs absorb a change that hits both arms alike; the note says how much moved and
     whether the cell still settled, so a reader sees why a cell came out ``inconclusive``.

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from spectool.decide.choose import unproven_gain
-from spectool.decide.paired import DISTURBED_SDS
+from spectool.decide.pair_stats import DISTURBED_SDS
 from spectool.decide.prune import pruning_markdown
 from spectool.decide.stats import Interval, acceptance_curves
-from spectool.decide.verdict import TIE_MARGIN
+from spectool.decide.verdict import TIE_MARGIN, PairedEstimate
 from spectool.io import atomic_write_text
 from spectool.tuning.outcome import TuneOutcome
 from spectool.tuning.report_runs import measurement_section, runs_section
@@ -60,6 +60,13 @@ def _grid_table(outcome: TuneOutcome, title: str, cell_text: object) -> list[str
     return [f"### {title}", "", *_table(["", *(f"c={c}" for c in concs)], rows)]
 
 
+def _pairs_cell(est: PairedEstimate) -> str:
+    """A cell's pairs, with the strata its interval used and the pairs set aside."""
+    notes = [f"{est.strata} strata"] if est.strata else []
+    notes += [f"{len(est.set_aside)} set aside"] if est.set_aside else []
+    return f"{est.pairs} ({', '.join(notes)})" if notes else str(est.pairs)
+
+
 def _noise_section(outcome: TuneOutcome) -> list[str]:
     """Per cell: design, pairs, their spread, each arm's drift; why a cell is inconclusive."""
     rows = []
@@ -85,9 +92,7 @@ def _noise_section(outcome: TuneOutcome) -> list[str]:
                 str(v.concurrency),
                 str(v.k),
                 est.design,
-                f"{est.pairs} ({len(est.set_aside)} set aside)"
-                if est.set_aside
-                else str(est.pairs),
+                _pairs_cell(est),
                 f"{est.prompts_covered}/{est.workload_prompts}" if est.workload_prompts else DASH,
                 ratios,
                 f"{est.spread:.3f}",
@@ -101,9 +106,11 @@ def _noise_section(outcome: TuneOutcome) -> list[str]:
         "Pair ratios: lhs / rhs of each speculative block against the baseline block beside it; "
         "the cell's ratio is their token-weighted mean. A ratio in brackets was set aside as "
         "disturbed: every block of the cell sent the same prompts (the whole workload), so "
-        f"pairs differ by the machine alone, and it lay more than {DISTURBED_SDS:g} robust "
-        "standard deviations "
-        "from the others' median. Prompts: distinct prompts of the "
+        f"pairs differ by the machine alone, and it lay more than {DISTURBED_SDS:g} standard "
+        "deviations of the other pairs from their mean. Strata: pairs that sent the same prompts (every pass "
+        "sends the same blocks); once each was measured twice the interval is theirs, with "
+        "the pairs' spread around their own stratum's mean as the noise. Prompts: distinct "
+        "prompts of the "
         "workload the pairs sent (they walk shuffled passes over it and are judged after whole "
         "passes). Spread: standard deviation of their logarithms (the prompts' differences and "
         "what the pairing did not cancel). "

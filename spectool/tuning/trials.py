@@ -97,18 +97,23 @@ class CellPlan:
 
         A block is one closed-loop trial of :meth:`block_requests` requests, no warmup
         (:data:`BLOCK_WAVES` waves; both arms of a pair send the same prompts). The pairs walk
-        through shuffled passes over the whole workload (:func:`pass_order`): pair ``i`` sends
-        items ``i * n .. (i + 1) * n - 1`` of the passes laid end to end, so
-        :meth:`pass_pairs` pairs cover every prompt, and any first pairs are a random sample
-        of it. Labels name the cell, the pair and the arm (``#p2`` for the speculative block
-        of pair 2, ``#p2/k4`` for the baseline block beside it), so a resumed run finds every
-        block it already measured.
+        through passes over the whole workload, each pass the same shuffle
+        (:func:`pass_order`'s first) cut into :meth:`pass_pairs` blocks of ``n`` requests (the
+        shuffle continued from its start where ``n`` does not divide the workload): pair ``i``
+        sends block ``i % pass_pairs`` of it. So any first pairs are a random sample of the
+        workload, a pass is all of it, and pair ``i`` sends the same prompts as pair ``i +
+        pass_pairs``: the pairs fall into strata of the same prompts, whose differences are
+        the machine's alone (:func:`spectool.decide.pair_stats.stratified_ratio`). Labels name the
+        cell, the pair and the arm (``#p2`` for the speculative block of pair 2, ``#p2/k4``
+        for the baseline block beside it), so a resumed run finds every block it already
+        measured.
         """
         repeat = f"p{pair}" if arm == k else f"p{pair}/k{k}"
         n = self.block_requests(concurrency)
         w = self.prompts_in_workload
-        start, end = pair * n, (pair + 1) * n
-        order = pass_order(w, concurrency, -(-end // w), self.seed)[start:end]
+        shuffle = pass_order(w, concurrency, 1, self.seed)
+        start = (pair % self.pass_pairs(concurrency)) * n
+        order = [shuffle[j % w] for j in range(start, start + n)]
         return TrialConfig(
             label=self.label(arm, repeat),
             concurrency=concurrency,

@@ -63,7 +63,7 @@ def test_a_disturbed_pair_of_whole_workload_blocks_leaves_the_head_to_head() -> 
     ))  # fmt: skip
     pairs[5] = replace(hit, b=slow)
     counted = duel_estimate(pairs, ("ngram", "draft_model"))
-    kept = duel_estimate(pairs, ("ngram", "draft_model"), same_prompts=True)
+    kept = duel_estimate(pairs, ("ngram", "draft_model"), strata=(0,) * 8)
     assert counted.set_aside == () and counted.pairs == 8
     assert not decided(counted, confidence=0.95, margin=0.05, looks=6)
     assert kept.set_aside == (5,) and kept.pairs == 7 and kept.to_json()["set_aside"] == [5]

@@ -19,6 +19,7 @@ import pytest
 from spectool.cli.app import main
 from spectool.decide.paired import BlockPair, PairedCell, paired_estimate
 from spectool.measure.trial import TrialResult, load_trials
+from spectool.tuning.pairing import prompt_bag, strata_of
 from spectool.tuning.trials import pooled_cell
 
 
@@ -78,7 +79,11 @@ def test_goodput_decides_the_cells_from_the_saved_blocks(tmp_path: Path) -> None
     looks, search = cell["looks"], tune["search"]
     good = paired_estimate(
         PairedCell(
-            pairs, looks=looks, objective="goodput:tpot:40ms", rest_looks=cell["rest_looks"]
+            pairs,
+            looks=looks,
+            objective="goodput:tpot:40ms",
+            rest_looks=cell["rest_looks"],
+            strata=strata_of([prompt_bag(spec[i]) for i in range(n)]),
         ),
         confidence=search["confidence"],
         seed=search["seed"],

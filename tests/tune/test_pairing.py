@@ -286,13 +286,12 @@ def test_the_first_look_waits_for_a_whole_pass_even_over_budget() -> None:
     work = Workload(20, 13.0, lambda p: plan.block_config(1, K, p, K).prompt_indices)
     cell = measure_paired(1, K, work.block, budget_s=0.0, **plan.pass_options(1))
     assert len(cell.pairs) == plan.pass_pairs(1) == 10 and cell.prompts_covered == 20
-    assert not cell.same_prompts  # two prompts a block: blocks differ by their prompts
-    # blocks of concurrency 10's plan: two waves are the whole workload (each block in its own
-    # order), so blocks differ by the machine alone and a far-off pair may be set aside as
-    # disturbed (paired.disturbed)
+    # two prompts a block: one pass, ten strata of a pair each (the next pass repeats them)
+    assert not cell.same_prompts and cell.strata == tuple(range(10))
+    # blocks of concurrency 10's plan: two waves are the whole workload, so blocks differ by
+    # the machine alone and a far-off pair may be set aside as disturbed
     whole = Workload(20, 13.0, lambda p: plan.block_config(10, K, p, K).prompt_indices)
     assert plan.pass_pairs(10) == 1
-    assert whole.block(0, K).config.prompt_indices != whole.block(1, K).config.prompt_indices
     cell = measure_paired(1, K, whole.block, budget_s=0.0, **plan.pass_options(10))
     assert cell.same_prompts and cell.prompts_covered == 20
     # looks fall on whole passes; a pass shorter than LOOK_EVERY pairs is repeated to reach it

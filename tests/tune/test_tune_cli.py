@@ -198,6 +198,7 @@ def test_decision_json_is_valid_and_consistent(tuned: dict[str, Any]) -> None:
             "prompts_covered",
             "workload_prompts",
             "set_aside",
+            "strata",
         }
         # the paired estimate: the token-weighted mean of the pairs' ratios (every block has
         # the same tokens here; lhs and rhs are both arms pooled, so their quotient only
