@@ -45,17 +45,19 @@ def stratified_ratio(
     """The workload's ratio from pairs in strata of the same prompts, with the standard error
     of its log and its degrees of freedom (pairs less strata).
 
-    Every pass over the workload sends the same blocks (:meth:`spectool.tuning.trials.
-    CellPlan.block_config`), so pair ``i`` and pair ``i + pass_pairs`` send the same prompts.
-    Within a stratum the pairs' ratios differ by the machine alone; between strata also by
-    their prompts, which is no uncertainty about *this workload's* ratio once every stratum
+    At concurrency 1 every pass over the workload sends the same blocks
+    (:meth:`spectool.tuning.trials.CellPlan.block_config`), so pair ``i`` and pair ``i +
+    pass_pairs`` send the same prompts, one at a time. Within a stratum the pairs' ratios
+    differ by the machine alone; between strata also by their prompts, which is no uncertainty about *this workload's* ratio once every stratum
     has been measured: the estimate is each stratum's token-weighted mean ``m_s``, weighted by
     the stratum's tokens a block (``u_s``), and its variance ``sigma^2 * sum_s (u_s / U)^2 *
     sum_{i in s} (w_i / W_s)^2`` with ``sigma^2`` the pairs' spread around their stratum's
     mean, pooled (``N - S`` degrees of freedom). The between-pairs t interval counts the
     prompts' spread as noise: at concurrency 1 the main job's pair ratios on the same prompts
     correlate 0.73-0.89 from one run to the next (0.07-0.16 of their 0.18-0.36 spread on the
-    log is the machine's), so it was two to three times too wide there.
+    log is the machine's), so it was two to three times too wide there. Where a block's
+    requests run together, its grouping and their arrivals move its ratio too, which is no
+    fixed fact of the workload: there blocks are shuffled anew each pass and form no strata.
     """
     r = np.exp(log_ratios)
     if not (weights.size == r.size == strata.size) or not np.all(weights > 0):

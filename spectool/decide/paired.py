@@ -28,10 +28,10 @@ with ``r_i = exp(d_i)`` and ``w_i`` pair ``i``'s share of the output tokens: the
 speculative time over its baseline time when the baseline's cost per token does not depend on
 the prompt, with each pair's own machine speed cancelled. Pairs send different prompts, and
 acceptance depends on the prompt, so the pairs' ratios differ by their prompts as well as by
-noise; :mod:`spectool.tuning.trials` makes the pairs walk through passes over the whole
-workload, each the same shuffle cut into the same blocks, so any first pairs are a random
-sample of it, a full pass is all of it, and pairs that sent the same prompts form strata
-(``PairedCell.strata``). Its half-width on the log scale is ``t(df) * se / ratio``
+noise; :mod:`spectool.tuning.trials` makes the pairs walk through shuffled passes over the
+whole workload, so any first pairs are a random sample of it and a full pass is all of it; at
+concurrency 1 every pass sends the same blocks, and pairs that sent the same prompts form
+strata (``PairedCell.strata``). Its half-width on the log scale is ``t(df) * se / ratio``
 (:mod:`spectool.decide.pair_stats`): once every stratum holds two pairs, ``se`` is the strata's
 (the pairs' spread around their own stratum's mean: drift that the pairing did not cancel and
 sampling noise; ``df`` pairs less strata); before, the weighted mean's between pairs (which

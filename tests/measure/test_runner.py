@@ -243,10 +243,17 @@ def test_workload_mismatch_is_refused(server_url: str, prompts: list[Prompt]) ->
 def test_measure_is_the_blocking_entry_point(
     server_url: str, prompts: list[Prompt], tmp_path: Path
 ) -> None:
+    import gc
+
     config = trial_config(prompts, "sync", concurrency=2, num_prompts=2, max_tokens=4)
     path = tmp_path / "r.jsonl"
+    gc.unfreeze()
+    held = [[i] for i in range(10_000)]  # objects the run holds before the trial
     (result,) = measure(server_url, MODEL_NAME, prompts, [config], results_path=path)
     assert len(result.records) == 2 and result.errors == ()
+    # they were frozen before the trial: no full collection traversed them while it ran
+    assert gc.get_freeze_count() >= len(held)
+    gc.unfreeze()
     assert list(load_trials(path)) == [config.key()]
     recorder = Recorder()
     (again,) = measure(

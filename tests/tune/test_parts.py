@@ -205,20 +205,25 @@ def test_block_configs_pair_the_same_prompts_and_cycle_through_the_workload() ->
     assert len(keys) == 12 and not keys & {c.key() for c in plan.configs(4, 0)}
 
 
-def test_pairs_walk_the_same_shuffled_pass_over_the_whole_workload() -> None:
+def test_pairs_walk_shuffled_passes_over_the_whole_workload() -> None:
     plan = CellPlan(
         "torch", "draft_model", "fp", "wl", num_prompts=4, max_tokens=8, workload_prompts=10
     )
     assert plan.pass_pairs(1) == 5 and plan.pass_pairs(2) == 3 and plan.pass_pairs(16) == 1
-    for c in (1, 2, 3):
-        passes = plan.pass_pairs(c)
-        blocks = [plan.block_config(c, 2, p, 2).prompt_indices for p in range(3 * passes)]
-        first = [i for b in blocks[:passes] for i in b]
-        # a pass sends every prompt once, and where the blocks hold more (c=2: 3 blocks of 4
-        # for 10 prompts) the shuffle again from its start
-        assert sorted(first[:10]) == list(range(10)) and first[10:] == first[: len(first) - 10]
-        # every pass sends the same blocks: pair p and pair p + passes are a stratum
-        assert blocks[passes:] == blocks[: 2 * passes] and len(set(blocks[:passes])) == passes
+    # concurrency 1: every pass the same blocks, pair p and pair p + 5 a stratum
+    blocks = [plan.block_config(1, 2, p, 2).prompt_indices for p in range(15)]
+    assert sorted(i for b in blocks[:5] for i in b) == list(range(10))
+    assert blocks[5:] == blocks[:10] and len(set(blocks[:5])) == 5
+    # above 1 (requests of a block run together): each pass shuffled anew
+    for c in (2, 3):
+        sent = [
+            i
+            for p in range(3 * plan.pass_pairs(c))
+            for i in plan.block_config(c, 2, p, 2).prompt_indices
+        ]
+        passes = [sent[i : i + 10] for i in range(0, 30, 10)]
+        assert all(sorted(p) == list(range(10)) for p in passes)  # each pass: every prompt once
+        assert len({tuple(p) for p in passes}) == 3  # each pass shuffled anew
     # the first block is not the file's first prompts, and the order is the same for every k
     # (so methods and draft lengths compared at one concurrency see the same prompts)
     firsts = [plan.block_config(1, k, 0, k).prompt_indices for k in (1, 4)]
