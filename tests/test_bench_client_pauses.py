@@ -24,3 +24,9 @@ def test_the_run_is_timed_and_the_hook_removed(tmp_path, capsys) -> None:  # noq
     rc = pauses.main(["--out", str(tmp_path), "--", "--concurrency", "0"])
     assert rc == 2 and gc.callbacks == hooks
     assert (tmp_path / "pauses.json").exists()
+    # nothing ran: no trial wrapped, and the runner's own run_trial is what tune uses again
+    data = __import__("json").loads((tmp_path / "pauses.json").read_text())
+    assert data["during_trials"] == {} and data["freeze"] is True
+    from spectool.measure import runner
+
+    assert runner.run_trial.__module__ == "spectool.measure.runner"
