@@ -33,7 +33,7 @@ import numpy as np
 
 from spectool.decide.cell import CellMeasurement
 from spectool.decide.cost import source_terms
-from spectool.decide.pair_stats import disturbed, pairs_ratio
+from spectool.decide.pair_stats import fit_pairs
 from spectool.decide.verdict import Source, objective_source
 from spectool.errors import BadInputError
 
@@ -150,24 +150,20 @@ def duel_estimate(
         ms_b, tok = _ms_and_tokens(p.b, source)
         logs.append(math.log(ms_a / ms_b))
         tokens.append(tok)
-    d = np.array(logs)
-    aside = disturbed(d) if len(set(strata)) == 1 else ()
-    kept = [i for i in range(d.size) if i not in aside]
-    groups = np.array(strata)[kept] if strata else None
-    ratio, log_se, df, used = pairs_ratio(d[kept], np.array(tokens)[kept], groups)
+    fit = fit_pairs(np.array(logs), np.array(tokens), strata)
     return DuelEstimate(
         concurrency=c,
         methods=methods,
         ks=ks,
-        ratio=ratio,
-        log_se=log_se,
+        ratio=fit.ratio,
+        log_se=fit.log_se,
         log_ratios=tuple(logs),
         prompts_covered=prompts_covered,
         workload_prompts=workload_prompts,
         source=source,
-        set_aside=aside,
-        df=df,
-        strata=used,
+        set_aside=fit.set_aside,
+        df=fit.df,
+        strata=fit.strata,
     )
 
 

@@ -1,15 +1,18 @@
 """How a paired cell's pairs become one ratio with the standard error of its log.
 
-The pairs' log ratios ``d_i`` (speculative over baseline block, or method over method head to
-head) and their token weights in; the workload's ratio out: the weighted mean between pairs
-(:func:`weighted_ratio`), or by strata of the same prompts (:func:`stratified_ratio`), without
-the pairs set aside as disturbed (:func:`disturbed`). Used by :mod:`spectool.decide.paired`
-and :mod:`spectool.decide.duel`. Pure: arrays in, numbers out.
+The pairs' log ratios ``d_i`` (speculative over baseline block, or method over method head
+to head) and their token weights in; the workload's ratio out: the weighted mean between
+pairs (:func:`weighted_ratio`), or by strata of the same prompts (:func:`stratified_ratio`),
+without the pairs set aside as disturbed (:func:`disturbed`); :func:`fit_pairs` chooses. Used
+by :mod:`spectool.decide.paired` and :mod:`spectool.decide.duel`. Pure: arrays in, numbers
+out.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -22,21 +25,40 @@ DISTURBED_SDS = 6.0
 SET_ASIDE_PER = 8
 
 
-def pairs_ratio(
-    log_ratios: np.ndarray, weights: np.ndarray, strata: np.ndarray | None
-) -> tuple[float, float, int, int]:
-    """``(ratio, log_se, degrees of freedom, strata used)`` of the pairs: by strata
-    (:func:`stratified_ratio`) where there are several and each holds two pairs or more, else
-    the weighted mean between pairs (:func:`weighted_ratio`, ``n - 1`` degrees of freedom,
-    0 strata used)."""
-    if strata is not None:
-        counts = np.bincount(strata)
+@dataclass(frozen=True)
+class PairsFit:
+    """The pairs' ratio, the standard error of its log on ``df`` degrees of freedom, the
+    strata it used (0: between pairs), the pairs set aside and the pairs ``kept``."""
+
+    ratio: float
+    log_se: float
+    df: int
+    strata: int
+    set_aside: tuple[int, ...]
+    kept: np.ndarray
+
+
+def fit_pairs(log_ratios: np.ndarray, weights: np.ndarray, strata: Sequence[int]) -> PairsFit:
+    """The pairs' ratio (a paired cell's or a head-to-head's); ``strata``: per pair, its
+    stratum of the same prompts (empty: not recorded).
+
+    With one stratum (every block sent the same prompts) the pairs far off the others are set
+    aside first (:func:`disturbed`). With several, each holding two pairs or more, the ratio
+    is the strata's (:func:`stratified_ratio`); else the weighted mean between pairs
+    (:func:`weighted_ratio`, ``n - 1`` degrees of freedom).
+    """
+    aside = disturbed(log_ratios) if len(set(strata)) == 1 else ()
+    kept = np.array([i for i in range(log_ratios.size) if i not in aside])
+    d, w = log_ratios[kept], weights[kept]
+    if len(strata):
+        groups = np.asarray(strata)[kept]
+        counts = np.bincount(groups)
         counts = counts[counts > 0]
         if counts.size > 1 and counts.min() >= 2:
-            ratio, log_se, df = stratified_ratio(log_ratios, weights, strata)
-            return ratio, log_se, df, int(counts.size)
-    ratio, log_se = weighted_ratio(log_ratios, weights)
-    return ratio, log_se, log_ratios.size - 1, 0
+            ratio, log_se, df = stratified_ratio(d, w, groups)
+            return PairsFit(ratio, log_se, df, int(counts.size), aside, kept)
+    ratio, log_se = weighted_ratio(d, w)
+    return PairsFit(ratio, log_se, d.size - 1, 0, aside, kept)
 
 
 def stratified_ratio(
@@ -48,8 +70,9 @@ def stratified_ratio(
     At concurrency 1 every pass over the workload sends the same blocks
     (:meth:`spectool.tuning.trials.CellPlan.block_config`), so pair ``i`` and pair ``i +
     pass_pairs`` send the same prompts, one at a time. Within a stratum the pairs' ratios
-    differ by the machine alone; between strata also by their prompts, which is no uncertainty about *this workload's* ratio once every stratum
-    has been measured: the estimate is each stratum's token-weighted mean ``m_s``, weighted by
+    differ by the machine alone; between strata also by their prompts, which is no
+    uncertainty about *this workload's* ratio once every stratum has been measured: the
+    estimate is each stratum's token-weighted mean ``m_s``, weighted by
     the stratum's tokens a block (``u_s``), and its variance ``sigma^2 * sum_s (u_s / U)^2 *
     sum_{i in s} (w_i / W_s)^2`` with ``sigma^2`` the pairs' spread around their stratum's
     mean, pooled (``N - S`` degrees of freedom). The between-pairs t interval counts the

@@ -63,7 +63,7 @@ from spectool.decide.cost import (
     resampled_sums,
     source_terms,
 )
-from spectool.decide.pair_stats import disturbed, pairs_ratio
+from spectool.decide.pair_stats import fit_pairs
 from spectool.decide.verdict import (
     QUANTILES,
     CellVerdict,
@@ -238,20 +238,26 @@ def paired_estimate(
         *(_log_ratio_and_var(p, source, rng) for p in cell.pairs), strict=True
     )
     d = np.array(logs)
-    aside = disturbed(d) if cell.same_prompts else ()
-    kept = np.array([i for i in range(d.size) if i not in aside])
-    n = kept.size
-    strata = np.array(cell.strata)[kept] if cell.strata else None
-    ratio, log_se, df, used = pairs_ratio(d[kept], np.array(tokens)[kept], strata)
+    fit = fit_pairs(d, np.array(tokens), cell.strata)
+    ratio, kept = fit.ratio, fit.kept
     spread = float(d[kept].std(ddof=1))
-    within_se = math.sqrt(sum(variances[i] for i in kept)) / n
+    within_se = math.sqrt(sum(variances[i] for i in kept)) / kept.size
     alpha = look_alpha(confidence, looks, cell.rest_looks)
-    half = float(stats.t.ppf(1.0 - alpha / 2.0, df)) * log_se
+    half = float(stats.t.ppf(1.0 - alpha / 2.0, fit.df)) * fit.log_se
     if d.size < FLOOR_BELOW_PAIRS:  # pairs measured: one set aside leaves 7 of 8
         half = max(half, float(stats.norm.ppf(1.0 - alpha / 2.0)) * within_se)
     low, high = ratio * math.exp(-half), ratio * math.exp(half)
     return _estimate(
-        cell, source, (ratio, low, high), d, spread, within_se, confidence, looks, aside, used
+        cell,
+        source,
+        (ratio, low, high),
+        d,
+        spread,
+        within_se,
+        confidence,
+        looks,
+        fit.set_aside,
+        fit.strata,
     )
 
 

@@ -104,7 +104,6 @@ def measure_paired(
     if stop_after is not None:
         most = min(most, stop_after)
     pairs: list[BlockPair] = []
-    sent: set[int] = set()
     bags: list[tuple[int, ...]] = []  # each pair's prompts (PairedCell.strata)
     spent = 0.0
     rest = 0  # looks the budget left untaken when it ended the cell (PairedCell.rest_looks)
@@ -114,7 +113,7 @@ def measure_paired(
             tuple(pairs),
             looks=looks,
             objective=objective,
-            prompts_covered=len(sent),
+            prompts_covered=len(set().union(*bags)),
             workload_prompts=workload_prompts,
             design=design,
             rest_looks=rest,
@@ -129,10 +128,9 @@ def measure_paired(
             trial = block(i, arm)
             walls.append(trial.wall_time_s)
             got[arm] = pooled_cell([trial], arm, level=concurrency)
-            sent.update(prompt_bag(trial))
         spent += max(walls) if design == "concurrent" else sum(walls)  # blocks at once: wall
         pairs.append(BlockPair(got[k], got[0], spec_first=spec_first))
-        bags.append(prompt_bag(trial))
+        bags.append(prompt_bag(trial))  # both arms of a pair send the same prompts
         if len(pairs) % every:
             continue
         forced = over_budget(spent, budget_s, len(pairs))

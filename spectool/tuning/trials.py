@@ -110,11 +110,10 @@ class CellPlan:
         block, and when each arrives, moves its ratio as much as its prompts do (in six main
         job runs at concurrency 4, pair 5 read 0.93-1.91 and pair 7 1.02-1.52, the same
         blocks each run, against 0.83-1.09 for pairs 1-4 in five); a grouping fixed once would
-        freeze that
-        into the estimate, and fresh ones make it part of the pairs' spread. Labels name the
-        cell, the pair and the arm (``#p2`` for the speculative block of pair 2, ``#p2/k4``
-        for the baseline block beside it), so a resumed run finds every block it already
-        measured.
+        freeze that into the estimate, and fresh ones make it part of the pairs' spread.
+        Labels name the cell, the pair and the arm (``#p2`` for the speculative block of pair
+        2, ``#p2/k4`` for the baseline block beside it), so a resumed run finds every block it
+        already measured.
         """
         repeat = f"p{pair}" if arm == k else f"p{pair}/k{k}"
         n = self.block_requests(concurrency)
