@@ -34,6 +34,17 @@ missing from it are waiting, which a per-step ratio does not see. Per-token rati
 ``= t_spec / (E[tokens | k] * t_base_measured)``, with ``E`` from per-position acceptance; the
 best ``k`` minimises it, and is 0 when no ``k`` goes below ``1 - min_gain``.
 
+**Stall.** A user's time per output token is not only the decode steps: while a request
+decodes, the engine also runs the other requests' prefills, and it waits through them. On a
+closed loop at concurrency ``c`` each request sits through about ``c - 1`` of them whatever the
+draft length (they are the requests that replace the ones finishing), so per decode token the
+wait ``s`` (the baseline's time per token less its mean step,
+:func:`spectool.decide.search.stall_ms`) is added to both sides: ratio ``= (t_spec / E + s) /
+(t_base + s)``. On the embedded engine's main job (2026-12-05) the steps were 96 % of the
+baseline's time per token at concurrency 1, 36 % at 4 and 21 % at 16: a step ratio of 0.84 at
+4 was a users' 0.97-0.99. The objectives of a user's time per token take it (``tpot`` and its
+tails); the others keep the step ratio (``stall_ms`` 0).
+
 **Schedule.** TensorRT-LLM's ``draft_len_schedule`` maps batch size to draft length; see
 :func:`draft_len_for_batch` for both semantics it has had.
 """
@@ -188,6 +199,9 @@ class CellPrediction:
     expected_tokens: float
     ms_per_token: float
     ratio: float
+    # per decode token, the time a user waits through other requests' prefills (ms; 0: steps
+    # only): in ms_per_token and ratio, the same with speculation as without (module docstring)
+    stall_ms: float = 0.0
 
 
 def predict_cell(
@@ -198,10 +212,13 @@ def predict_cell(
     *,
     base_step_ms: float | None = None,
     batch: float | None = None,
+    stall_ms: float = 0.0,
 ) -> CellPrediction:
     """Predict a cell from the model, per-position acceptance and the measured baseline step.
 
-    ``batch`` defaults to ``concurrency``; ``base_step_ms`` to the model's own ``t_step(b, 0)``.
+    ``batch`` defaults to ``concurrency``; ``base_step_ms`` to the model's own ``t_step(b, 0)``;
+    ``stall_ms``: the baseline's wait per decode token through other requests' prefills, added
+    to both sides of the ratio (module docstring).
     """
     b = float(concurrency if batch is None else batch)
     base = model.step_ms(b, 0) if base_step_ms is None else float(base_step_ms)
@@ -209,6 +226,8 @@ def predict_cell(
         raise BadInputError(
             f"concurrency {concurrency}", f"baseline step time {base} ms is not > 0"
         )
+    if not stall_ms >= 0:
+        raise BadInputError(f"concurrency {concurrency}", f"stall {stall_ms} ms is not >= 0")
     step = base + model.spec_extra_ms(b, k)
     tokens = expected_tokens_per_step(alphas, k)
     return CellPrediction(
@@ -218,8 +237,9 @@ def predict_cell(
         base_step_ms=base,
         step_ms=step,
         expected_tokens=tokens,
-        ms_per_token=step / tokens,
-        ratio=step / (tokens * base),
+        ms_per_token=step / tokens + stall_ms,
+        ratio=(step / tokens + stall_ms) / (base + stall_ms),
+        stall_ms=stall_ms,
     )
 
 
@@ -231,15 +251,18 @@ def predict_grid(
     base_step_ms: Mapping[int, float] | None = None,
     batch_by_concurrency: Mapping[int, float] | None = None,
     batch_by_cell: Mapping[tuple[int, int], float] | None = None,
+    stall_ms: Mapping[int, float] | None = None,
 ) -> tuple[CellPrediction, ...]:
     """Predict every ``k = 0..max_draft_len`` at every concurrency in ``alphas_by_concurrency``.
 
     A cell's generation batch is ``batch_by_cell[(c, k)]`` when given, else
-    ``batch_by_concurrency[c]``, else ``c``.
+    ``batch_by_concurrency[c]``, else ``c``; ``stall_ms[c]``: the baseline's prefill stall per
+    decode token there (none: 0, the step ratio).
     """
     base_step_ms = base_step_ms or {}
     batch_by_concurrency = batch_by_concurrency or {}
     batch_by_cell = batch_by_cell or {}
+    stall_ms = stall_ms or {}
     return tuple(
         predict_cell(
             model,
@@ -248,6 +271,7 @@ def predict_grid(
             alphas_by_concurrency[c],
             base_step_ms=base_step_ms.get(c),
             batch=batch_by_cell.get((c, k), batch_by_concurrency.get(c)),
+            stall_ms=stall_ms.get(c, 0.0),
         )
         for c in sorted(alphas_by_concurrency)
         for k in range(max_draft_len + 1)

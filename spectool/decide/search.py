@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from spectool.decide.acceptance import PositionCounts, constant_alpha_for
 from spectool.decide.cell import CellMeasurement
 from spectool.decide.cost import request_terms
-from spectool.decide.model import CellPrediction
+from spectool.decide.model import CellPrediction, StepCostObservation
 from spectool.decide.result import CellKey
 
 
@@ -49,6 +50,69 @@ def base_step_ms(cell: CellMeasurement) -> float | None:
         return step
     num, den = request_terms(cell.records)
     return float(num.sum() / den.sum()) if den.size else None
+
+
+@dataclass(frozen=True)
+class Baselines:
+    """What the predictions compare with, per concurrency (:func:`prediction_baselines`)."""
+
+    step_ms: dict[int, float]
+    batch: dict[int, float]
+    stall_ms: dict[int, float]  # per decode token, the wait through other requests' prefills
+    observations: tuple[StepCostObservation, ...]  # the k = 0 observations of the cost model
+    paired: tuple[int, ...]  # concurrencies whose baseline is the paired blocks'
+    scale: float  # the other concurrencies' planning baselines times this (1.0: none)
+
+
+def stall_ms(cell: CellMeasurement) -> float:
+    """Per decode token, what a request waited beyond the engine's steps: its time per output
+    token (``E2E - TTFT`` over tokens) less the mean step, when both are measured (0
+    otherwise, and never below 0). On a closed loop at concurrency ``c`` that is mostly the
+    other requests' prefills run while it decodes: the same with speculation or without."""
+    step = cell.mean_step_ms()
+    num, den = request_terms(cell.records)
+    if step is None or not den.size or not den.sum() > 0:
+        return 0.0
+    return max(0.0, float(num.sum() / den.sum()) - step)
+
+
+def prediction_baselines(
+    planning: Mapping[int, CellMeasurement],
+    paired: Mapping[int, CellMeasurement],
+    *,
+    stalls: bool,
+) -> Baselines:
+    """Per concurrency, the baseline the predicted ratios are taken against: the baseline
+    blocks of the plan's paired cells there (``paired``), measured beside the speculative
+    blocks whose step times the cost model fits, so the model's extra cost and its baseline are
+    of the same minutes and the same switching; elsewhere the planning baseline (``planning``),
+    scaled by the geometric mean of paired over planning step at the concurrencies that have
+    both (the machine moved between the planning trial and the pairs: 0.89-1.26 in three main
+    jobs of 2026-12-05). ``stalls``: also each baseline's prefill stall per token
+    (:func:`stall_ms`; for request-time objectives, which see it)."""
+    chosen: dict[int, tuple[CellMeasurement, float]] = {}
+    logs = []
+    for c, cell in paired.items():
+        step, plan_step = base_step_ms(cell), base_step_ms(planning[c]) if c in planning else None
+        if step is not None and plan_step:
+            logs.append(math.log(step / plan_step))
+    scale = math.exp(sum(logs) / len(logs)) if logs else 1.0
+    for c, cell in planning.items():
+        chosen[c] = (paired[c], 1.0) if c in paired else (cell, scale)
+    steps, batch, stall, obs = {}, {}, {}, []
+    for c, (cell, f) in sorted(chosen.items()):
+        step = base_step_ms(cell)
+        if step is None:
+            continue
+        steps[c] = step * f
+        stall[c] = stall_ms(cell) * f if stalls else 0.0
+        b = cell.mean_batch_size()
+        if b is not None:
+            batch[c] = b
+        obs.append(StepCostObservation(float(c) if b is None else b, 0, steps[c]))
+    return Baselines(
+        steps, batch, stall, tuple(obs), tuple(sorted(c for c in paired if c in planning)), scale
+    )
 
 
 def alphas_by_concurrency(
@@ -143,6 +207,7 @@ def confirmation_cells(
     close_margin: float,
     *,
     measured: set[CellKey] | frozenset[CellKey] = frozenset(),
+    shorter: bool = False,
 ) -> list[CellKey]:
     """One cell per concurrency to measure, with as few distinct draft lengths as the
     predictions allow.
@@ -155,6 +220,14 @@ def confirmation_cells(
     sum of predicted ratios, then the smaller ``k``); each concurrency then gets its
     best-predicted chosen candidate. Confirming a near-best cell instead of the best costs at
     most ``close_margin`` by the model's own account, and saves a server start per draft length.
+
+    ``shorter`` (servers that switch the draft length in place, where a draft length costs no
+    start): ties go to the shorter draft, and each concurrency gets its shortest chosen
+    candidate. Within the margin the shorter draft verifies fewer tokens per step, so it loses
+    less when the batch grows, and the model's longer drafts are its optimistic ones (against
+    the 2026-12-05 brute-force sweep, three main jobs' predictions at concurrency 4 were 9.3 %
+    too optimistic at ``k = 4`` and 6.5 % at ``k = 2``; the sweep's best there was ``k = 2``,
+    1.10x, ``k = 4`` 1.04x).
     """
     by_c: dict[int, dict[int, float]] = {}
     for p in predictions:
@@ -176,12 +249,15 @@ def confirmation_cells(
             options,
             key=lambda k: (
                 -sum(k in candidates[c] for c in uncovered),
+                k if shorter else 0,
                 sum(candidates[c][k] for c in uncovered if k in candidates[c]),
                 k,
             ),
         )
         chosen.add(k_pick)
         uncovered = {c for c in uncovered if k_pick not in candidates[c]}
+    if shorter:
+        return [(c, min(k for k in near if k in chosen)) for c, near in sorted(candidates.items())]
     return [
         (c, min((k for k in near if k in chosen), key=lambda k: (near[k], k)))
         for c, near in sorted(candidates.items())

@@ -18,7 +18,11 @@ an earlier, interrupted run are passed in and never measured again. The search, 
    at two draft lengths; :func:`~spectool.decide.model.fit_step_cost` fits it to every planned
    cell.
 4. **Predict** the per-token ratio of every cell, each at its expected decode batch, and the best
-   ``k`` per concurrency.
+   ``k`` per concurrency. The baseline a ratio is taken against is, where the plan measured a
+   paired cell, that cell's own baseline blocks (the minutes whose speculative steps the model
+   fits), elsewhere the planning baseline scaled to them (:func:`~spectool.decide.search.
+   prediction_baselines`); for the users' time per token (``tpot``, its tails) each baseline's
+   prefill stall per token is on both sides of the ratio (:mod:`spectool.decide.model`, *Stall*).
 5. **Confirm**: the schedule's first value caps every other (it is ``max_draft_len``), so the
    predictions first give the best writable first value ``k1``
    (:func:`predicted_writable_first`); then, at every concurrency where some ``k <= k1`` is
@@ -52,7 +56,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from spectool.decide.cell import CellMeasurement
+from spectool.decide.cell import CellMeasurement, pooled
 from spectool.decide.choose import final_choices, ranking_ratios
 from spectool.decide.cost import evaluate_cell
 from spectool.decide.methods import TIE_MARGIN, Rival
@@ -86,10 +90,10 @@ from spectool.decide.prune import (
 from spectool.decide.result import CellKey, PredictionCheck, TuneResult
 from spectool.decide.search import (
     alphas_by_concurrency,
-    base_step_ms,
     confirmation_cells,
     initial_plan,
     predicted_writable_first,
+    prediction_baselines,
     server_order,
     speculative_batches,
 )
@@ -125,6 +129,7 @@ def tune(
     prior_step: Callable[[float, int], float] | None = None,
     error: PredictionError | None = None,
     objective: str = "steps",
+    switches_in_place: bool = False,
 ) -> TuneResult:
     """Search draft lengths ``0..max_draft_len`` at ``concurrencies``; see the module docstring.
 
@@ -152,6 +157,10 @@ def tune(
     unit), for servers that restart per draft length. The plan then measures no ``k = 1`` cost
     cell (a server start fewer unless ``k = 1`` is confirmed later): that cell's step cost is the measured ``k = K`` step at the
     smallest concurrency times the prior's ``k=1 / k=K`` ratio, and a note says so.
+
+    ``switches_in_place``: the server changes draft length without a restart (the embedded
+    engine), so among the cells predicted within ``close_margin`` of a concurrency's best the
+    shorter draft is confirmed (:func:`~spectool.decide.search.confirmation_cells`).
     """
     concs = tuple(sorted(set(concurrencies)))
     if not concs or concs[0] < 1:
@@ -202,12 +211,25 @@ def tune(
 
     # Predictions rest on the planned cells only, so a resumed search (which may already hold
     # confirmation cells) predicts, and therefore measures, exactly what an uninterrupted one does.
-    base_step = {c: s for c in concs if (s := base_step_ms(cells[(c, 0)])) is not None}
-    batch = {c: b for c in concs if (b := cells[(c, 0)].mean_batch_size()) is not None}
+    # Baselines: the planned paired cells' own baseline blocks where the plan has them, and
+    # each baseline's prefill stall when the objective is the users' time per token
+    paired_base = {
+        c: pooled([paired[key].base for key in plan if key[0] == c and key in paired])
+        for c in {c for c, k in plan if k > 0 and (c, k) in paired}
+    }
+    baselines = prediction_baselines(
+        {c: cells[(c, 0)] for c in concs},
+        paired_base,
+        stalls=objective_source(objective) == "requests",
+    )
+    base_step, batch = baselines.step_ms, baselines.batch
     alphas = alphas_by_concurrency(planned, concs, max_draft_len)
     observations = [
-        o for cell in planned.values() if (o := observation_from_cell(cell)) is not None
+        o
+        for key, cell in planned.items()
+        if key[1] > 0 and (o := observation_from_cell(cell)) is not None
     ]
+    observations += baselines.observations
     if prior_step is not None and max_draft_len > 1:
         observations += _prior_observations(observations, prior_step, max_draft_len, notes)
 
@@ -285,6 +307,7 @@ def tune(
             base_step_ms=base_step,
             batch_by_concurrency=batch,
             batch_by_cell=speculative_batches(planned, concs, max_draft_len),
+            stall_ms=baselines.stall_ms,
         )
         by_prediction = {(p.concurrency, p.k): p.ratio for p in predictions}
         predicted_choices = choose_k(predictions, min_gain=min_gain)
@@ -297,7 +320,9 @@ def tune(
             writable, checks, pruned = against_rival(writable, rival, error, close_margin)
             prune_checks += checks
             notes += pruned
-        wanted = confirmation_cells(writable, close_margin, measured=set(plan))
+        wanted = confirmation_cells(
+            writable, close_margin, measured=set(plan), shorter=switches_in_place
+        )
         for key in server_order(wanted, last_k=plan[-1][1]):
             if not in_contention(wanted):
                 break

@@ -329,6 +329,7 @@ def run_tune(
             rival=rival,
             prior_step=prior_step,
             objective=req.objective,
+            switches_in_place=driver.interleaves,
         )
         server_starts = driver.starts
     servers = _servers_ledger(driver, concurrent)

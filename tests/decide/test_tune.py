@@ -296,6 +296,21 @@ def test_confirmation_cells_use_few_draft_lengths() -> None:
     assert confirmation_cells([], 0.05) == []
 
 
+def test_within_the_margin_the_shorter_draft_is_confirmed() -> None:
+    """Concurrency 4 of the 2026-12-05 main job (stall-aware predictions): k = 2, 3 and 4
+    within 2 % of each other; the longest, predicted best by 0.1 %, was confirmed and read
+    0.96-0.99, off. On a server that switches in place the shorter draft is confirmed now;
+    outside the margin the best still is."""
+    preds = _predictions({4: [0.930, 0.910, 0.902, 0.901]})
+    assert confirmation_cells(preds, 0.02, shorter=True) == [(4, 2)]
+    assert confirmation_cells(preds, 0.0, shorter=True) == [(4, 4)]
+    # where every draft length is a server start, the fewest starts and then the best prediction
+    assert confirmation_cells(preds, 0.02) == [(4, 4)]
+    # a draft length shared with another concurrency still comes first
+    shared = _predictions({1: [0.9, 0.8, 0.75, 0.70], 4: [0.930, 0.910, 0.902, 0.901]})
+    assert confirmation_cells(shared, 0.02, shorter=True) == [(1, 4), (4, 4)]
+
+
 def test_predicted_writable_first_value() -> None:
     # Concurrency 1 alone would take k=1, concurrency 4 wants k=3: capping 4 at 1 costs more
     # than raising 1 to 2 (0.80 + 0.60 < 0.75 + 0.90).
