@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from spectool.decide.verdict import CellVerdict
 from spectool.tuning.outcome import TuneOutcome
 from spectool.tuning.side_by_side import servers_lines
-from spectool.tuning.trials import BLOCK_WAVES
+from spectool.tuning.trials import BLOCK_WAVES, block_requests
 
 
 def design_line(verdicts: Sequence[CellVerdict]) -> str:
@@ -55,8 +55,12 @@ def _cells_line(outcome: TuneOutcome) -> str:
     if any(v.paired is not None for v in result.cells):
         return (
             "- Each paired block: "
-            + ", ".join(f"c={c}: {BLOCK_WAVES * c} requests" for c in result.concurrencies)
-            + f" ({BLOCK_WAVES} waves of c in a closed loop, the users joining one at a time "
+            + ", ".join(
+                f"c={c}: {block_requests(len(outcome.prompts.prompts), c)} requests"
+                for c in result.concurrencies
+            )
+            + " (two at concurrency 1; above it the whole workload in whole waves of c, at "
+            f"least {BLOCK_WAVES}, in a closed loop, the users joining one at a time "
             "as each one's first request has its first token, then draining; the server is "
             "warm, so no warmup); both blocks of a pair send the same prompts."
         )

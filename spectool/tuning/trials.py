@@ -29,15 +29,31 @@ from spectool.errors import BadInputError
 from spectool.measure.client import RequestOptions
 from spectool.measure.runner import TrialConfig, TrialResult
 
-# A paired block: two waves of the concurrency's requests, no warmup (the server is warm and
-# only switched its draft length). Short blocks keep the two arms of a pair within a second or
-# so of each other on a small machine, so a change of the machine's speed hits both alike.
+# A paired block: at least two waves of the concurrency's requests, no warmup (the server is
+# warm and only switched its draft length). At concurrency 1 two requests: short blocks keep
+# the two arms of a pair within a second or so of each other on a small machine. Above 1 the
+# whole workload, in whole waves (block_requests): a block's requests run together, arriving
+# prefills stall the others' decoding, and a block of two waves is mostly its ramp and drain,
+# not the closed loop's steady state. Measured 2026-12-05 (draft_model k=2 against the
+# baseline at concurrency 4, 16 interleaved rounds per workload): two-wave blocks over
+# whole-workload ones 0.928 (prose) and 0.933 (code), 0.986 and 1.039 (built-in); the
+# whole-workload blocks went the brute-force sweep's way on all three, and per unit of time
+# both lengths measure alike (log sd per block 0.108 against 0.051 at four times the length).
 BLOCK_WAVES = 2
 
 
+def block_requests(workload_prompts: int, concurrency: int) -> int:
+    """Requests of one paired block: :data:`BLOCK_WAVES` at concurrency 1; above it the whole
+    workload rounded up to whole waves, at least :data:`BLOCK_WAVES` of them."""
+    if concurrency == 1:
+        return BLOCK_WAVES
+    waves = max(BLOCK_WAVES, -(-workload_prompts // concurrency))
+    return waves * concurrency
+
+
 def pass_pairs(workload_prompts: int, concurrency: int) -> int:
-    """Paired blocks (:data:`BLOCK_WAVES` waves of ``concurrency``) that send every prompt."""
-    return -(-workload_prompts // (BLOCK_WAVES * concurrency))
+    """Paired blocks (:func:`block_requests`) that send every prompt."""
+    return -(-workload_prompts // block_requests(workload_prompts, concurrency))
 
 
 def pass_order(workload_prompts: int, concurrency: int, passes: int, seed: int) -> list[int]:
@@ -96,7 +112,8 @@ class CellPlan:
         """Block ``arm`` (``k`` or 0) of pair ``pair`` of the paired cell ``(concurrency, k)``.
 
         A block is one closed-loop trial of :meth:`block_requests` requests, no warmup
-        (:data:`BLOCK_WAVES` waves; both arms of a pair send the same prompts). The pairs walk
+        (two at concurrency 1, the whole workload in whole waves above; both arms of a pair
+        send the same prompts). The pairs walk
         through shuffled passes over the whole workload (:func:`pass_order`), so any first
         pairs are a random sample of it and :meth:`pass_pairs` pairs are all of it.
 
@@ -153,8 +170,8 @@ class CellPlan:
         }
 
     def block_requests(self, concurrency: int) -> int:
-        """Measured requests of one block: :data:`BLOCK_WAVES` waves of ``concurrency``."""
-        return BLOCK_WAVES * concurrency
+        """Measured requests of one block (:func:`block_requests`)."""
+        return block_requests(self.prompts_in_workload, concurrency)
 
     def after_config(self, concurrency: int) -> TrialConfig:
         """The baseline at ``concurrency`` measured again after every speculative cell (label

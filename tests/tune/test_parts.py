@@ -209,7 +209,10 @@ def test_pairs_walk_shuffled_passes_over_the_whole_workload() -> None:
     plan = CellPlan(
         "torch", "draft_model", "fp", "wl", num_prompts=4, max_tokens=8, workload_prompts=10
     )
-    assert plan.pass_pairs(1) == 5 and plan.pass_pairs(2) == 3 and plan.pass_pairs(16) == 1
+    assert plan.pass_pairs(1) == 5 and plan.pass_pairs(2) == 1 and plan.pass_pairs(16) == 1
+    # a block: two requests at concurrency 1, above it the whole workload in whole waves
+    # (at least two)
+    assert [plan.block_requests(c) for c in (1, 2, 3, 16)] == [2, 10, 12, 32]
     # concurrency 1: every pass the same blocks, pair p and pair p + 5 a stratum
     blocks = [plan.block_config(1, 2, p, 2).prompt_indices for p in range(15)]
     assert sorted(i for b in blocks[:5] for i in b) == list(range(10))
