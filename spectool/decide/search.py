@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from spectool.decide.acceptance import PositionCounts, constant_alpha_for
 from spectool.decide.cell import CellMeasurement
 from spectool.decide.cost import request_terms
-from spectool.decide.model import CellPrediction, StepCostObservation
+from spectool.decide.model import CellPrediction, StepCostObservation, observation_from_cell
 from spectool.decide.result import CellKey
 
 
@@ -101,15 +101,14 @@ def prediction_baselines(
         chosen[c] = (paired[c], 1.0) if c in paired else (cell, scale)
     steps, batch, stall, obs = {}, {}, {}, []
     for c, (cell, f) in sorted(chosen.items()):
-        step = base_step_ms(cell)
-        if step is None:
+        observed = observation_from_cell(cell)  # a baseline's: its step, or its time per token
+        if observed is None:
             continue
-        steps[c] = step * f
+        obs.append(replace(observed, step_ms=observed.step_ms * f))
+        steps[c] = obs[-1].step_ms
         stall[c] = stall_ms(cell) * f if stalls else 0.0
-        b = cell.mean_batch_size()
-        if b is not None:
+        if (b := cell.mean_batch_size()) is not None:
             batch[c] = b
-        obs.append(StepCostObservation(float(c) if b is None else b, 0, steps[c]))
     return Baselines(
         steps, batch, stall, tuple(obs), tuple(sorted(c for c in paired if c in planning)), scale
     )
