@@ -34,7 +34,7 @@ sweep of every method and every draft length, on the embedded engine.
 
 Prints the table and the checks and writes ``OUT/benchmark.json``; exit 0 when every check
 holds in sample, 1 otherwise. ``--rejudge OUT`` judges a finished ``OUT/benchmark.json`` again
-without measuring (one written before the bracketing baselines is split into its rounds and
+without measuring (``--commits A,B``: only the runs recorded on those commits) (one written before the bracketing baselines is split into its rounds and
 judged on tokens/s, said so). ``--add-runs N --out OUT`` runs tune N more times against the
 sweep in ``OUT`` (its own settings, the engine unchanged) and judges them with the earlier runs;
 each run records the commit it ran on.
@@ -291,10 +291,15 @@ def round_scores(data: dict) -> tuple[dict[str, list[dict[str, float]]], str]:
     return scores, "1 / mean TPOT in tokens/s, the requests split into rounds (no bracketing)"
 
 
-def report(data: dict) -> bool:
-    """Print the table and the checks; whether every check holds in sample."""
+def report(data: dict, commits: tuple[str, ...] = ()) -> bool:
+    """Print the table and the checks; whether every check holds in sample. ``commits``: judge
+    only the runs whose recorded commit starts with one of these (all runs when empty)."""
     scores, what = round_scores(data)
-    runs = data["runs"]
+    runs = [
+        (i, run)
+        for i, run in enumerate(data["runs"])
+        if not commits or str(run.get("commit", "")).startswith(commits)
+    ]
     ok = True
     print(f"\nsweep: {data['sweep_s']:.0f} s, {len(next(iter(scores.values())))} rounds; {what}")
     deployable, plan = deployable_best(scores) if "rounds" in data else (None, {})
@@ -317,7 +322,8 @@ def report(data: dict) -> bool:
         held_gain = heldout_gain(rounds) if "rounds" in data else None
         if held_gain is not None:
             row += f"; the best's gain held out {held_gain:.2f}"
-        for i, run in enumerate(runs):
+        held = 0
+        for i, run in runs:
             d = run["decision"]
             k = int(d["schedule"].get(c, 0))
             name = BASE if k == 0 else f"{d['method']} k={k}"
@@ -325,6 +331,7 @@ def report(data: dict) -> bool:
             best_gain = means[best_name] / means[BASE]
             agree = abs(best_gain - 1) <= VERDICT_MARGIN or ((k > 0) == (best_name != BASE))
             ok &= j.share >= QUALITY and agree
+            held += j.share >= QUALITY and agree
             onoff = ""
             if not agree:  # held out, the best's gain may be within the margin (winner's curse)
                 within = held_gain is not None and abs(held_gain - 1) <= VERDICT_MARGIN
@@ -341,8 +348,8 @@ def report(data: dict) -> bool:
                 pair = [{n: r[n] for n in {name, plan[c]}} for r in rounds]
                 one = judge(pair, name)
                 row += f"; one method: {one.share:.0%} ({one.verdict(QUALITY)})"
-        print(row)
-    for i, run in enumerate(runs):
+        print(row + f"\n  c={c}: every check holds in {held} of {len(runs)} runs")
+    for i, run in runs:
         print(
             f"tune run {i} (commit {run.get('commit', 'not recorded')}): {run['wall_s']:.0f} s, "
             f"{run['decision']['methods']['why']}"
@@ -365,6 +372,11 @@ def main() -> int:
     parser.add_argument("--sweep-only", action="store_true")
     parser.add_argument("--rejudge", type=Path, default=None, help="judge OUT/benchmark.json again")
     parser.add_argument(
+        "--commits",
+        default="",
+        help="with --rejudge: judge only the runs recorded on these commits (comma-separated prefixes)",
+    )
+    parser.add_argument(
         "--add-runs",
         type=int,
         default=0,
@@ -372,7 +384,9 @@ def main() -> int:
     )
     args = parser.parse_args()
     if args.rejudge is not None:
-        return 0 if report(json.loads((args.rejudge / "benchmark.json").read_text())) else 1
+        data = json.loads((args.rejudge / "benchmark.json").read_text())
+        commits = tuple(c for c in args.commits.split(",") if c)
+        return 0 if report(data, commits) else 1
     if args.add_runs:
         return add_runs(args.out.resolve(), args.add_runs)
     out = args.out.resolve()

@@ -1,7 +1,8 @@
 """How a paired cell's pairs become one ratio with the standard error of its log.
 
 The pairs' log ratios ``d_i`` (speculative over baseline block, or method over method head
-to head) and their token weights in; the workload's ratio out: the weighted mean between
+to head), their tokens and their times on the denominator's side (the baseline's, or the
+rival's) in; the workload's ratio out: the weighted mean between
 pairs (:func:`weighted_ratio`), or by strata of the same prompts (:func:`stratified_ratio`),
 without the pairs set aside as disturbed (:func:`disturbed`); :func:`fit_pairs` chooses. Used
 by :mod:`spectool.decide.paired` and :mod:`spectool.decide.duel`. Pure: arrays in, numbers
@@ -38,31 +39,51 @@ class PairsFit:
     kept: np.ndarray
 
 
-def fit_pairs(log_ratios: np.ndarray, weights: np.ndarray, strata: Sequence[int]) -> PairsFit:
-    """The pairs' ratio (a paired cell's or a head-to-head's); ``strata``: per pair, its
-    stratum of the same prompts (empty: not recorded).
+def fit_pairs(
+    log_ratios: np.ndarray,
+    weights: np.ndarray,
+    strata: Sequence[int],
+    times: np.ndarray | None = None,
+) -> PairsFit:
+    """The pairs' ratio (a paired cell's or a head-to-head's); ``weights``: each pair's tokens;
+    ``strata``: per pair, its stratum of the same prompts (empty: not recorded); ``times``:
+    each pair's time on the denominator's side, the baseline's or the rival's (None: the
+    weights).
 
-    With one stratum (every block sent the same prompts) the pairs far off the others are set
-    aside first (:func:`disturbed`). With several, each holding two pairs or more, the ratio
-    is the strata's (:func:`stratified_ratio`); else the weighted mean between pairs
-    (:func:`weighted_ratio`, ``n - 1`` degrees of freedom).
+    The workload's ratio is its time over the denominator's time, so pairs of different
+    prompts weigh by that time: the denominator's cost per token depends on the prompt (a
+    rival's through its acceptance; by tokens alone a head-to-head of n-gram against a draft
+    model on prose at concurrency 1 read 0.988 where the times say 0.94). With one stratum
+    (every block sent the same prompts, so every pair stands for the same workload) the pairs
+    weigh by tokens, after those far off the others are set aside (:func:`disturbed`). With
+    several, each holding two pairs or more, the ratio is the strata's, each weighted by its
+    mean time a block (:func:`stratified_ratio`); else, each pair its own prompts, the mean
+    between pairs weighted by their times (:func:`weighted_ratio`, ``n - 1`` degrees of
+    freedom).
     """
+    times = weights if times is None else times
     aside = disturbed(log_ratios) if len(set(strata)) == 1 else ()
     kept = np.array([i for i in range(log_ratios.size) if i not in aside])
-    d, w = log_ratios[kept], weights[kept]
+    d, w, t = log_ratios[kept], weights[kept], times[kept]
     if len(strata):
         groups = np.asarray(strata)[kept]
         counts = np.bincount(groups)
         counts = counts[counts > 0]
-        if counts.size > 1 and counts.min() >= 2:
-            ratio, log_se, df = stratified_ratio(d, w, groups)
+        if counts.size == 1:
+            ratio, log_se = weighted_ratio(d, w)
+            return PairsFit(ratio, log_se, d.size - 1, 0, aside, kept)
+        if counts.min() >= 2:
+            ratio, log_se, df = stratified_ratio(d, w, groups, t)
             return PairsFit(ratio, log_se, df, int(counts.size), aside, kept)
-    ratio, log_se = weighted_ratio(d, w)
+    ratio, log_se = weighted_ratio(d, t)
     return PairsFit(ratio, log_se, d.size - 1, 0, aside, kept)
 
 
 def stratified_ratio(
-    log_ratios: np.ndarray, weights: np.ndarray, strata: np.ndarray
+    log_ratios: np.ndarray,
+    weights: np.ndarray,
+    strata: np.ndarray,
+    times: np.ndarray | None = None,
 ) -> tuple[float, float, int]:
     """The workload's ratio from pairs in strata of the same prompts, with the standard error
     of its log and its degrees of freedom (pairs less strata).
@@ -72,8 +93,9 @@ def stratified_ratio(
     pass_pairs`` send the same prompts, one at a time. Within a stratum the pairs' ratios
     differ by the machine alone; between strata also by their prompts, which is no
     uncertainty about *this workload's* ratio once every stratum has been measured: the
-    estimate is each stratum's token-weighted mean ``m_s``, weighted by
-    the stratum's tokens a block (``u_s``), and its variance ``sigma^2 * sum_s (u_s / U)^2 *
+    estimate is each stratum's token-weighted mean ``m_s``, weighted by the stratum's mean
+    ``times`` a block (``u_s``: the denominator's time on its prompts, so the workload's time
+    over the denominator's; None: its tokens a block), and its variance ``sigma^2 * sum_s (u_s / U)^2 *
     sum_{i in s} (w_i / W_s)^2`` with ``sigma^2`` the pairs' spread around their stratum's
     mean, pooled (``N - S`` degrees of freedom). The between-pairs t interval counts the
     prompts' spread as noise: at concurrency 1 the main job's pair ratios on the same prompts
@@ -83,8 +105,11 @@ def stratified_ratio(
     fixed fact of the workload: there blocks are shuffled anew each pass and form no strata.
     """
     r = np.exp(log_ratios)
-    if not (weights.size == r.size == strata.size) or not np.all(weights > 0):
-        raise BadInputError("paired estimate", "every pair needs a positive token count")
+    times = weights if times is None else times
+    if not (weights.size == times.size == r.size == strata.size) or not (
+        np.all(weights > 0) and np.all(times > 0)
+    ):
+        raise BadInputError("paired estimate", "every pair needs positive tokens and time")
     labels = np.unique(strata)
     means, sizes, shares = [], [], []
     residuals = np.empty_like(r)
@@ -93,7 +118,7 @@ def stratified_ratio(
         w = weights[idx]
         m = float((w * r[idx]).sum() / w.sum())
         means.append(m)
-        sizes.append(float(w.sum()) / int(idx.sum()))  # the stratum's tokens a block
+        sizes.append(float(times[idx].mean()))  # the stratum's time (or tokens) a block
         shares.append(float(((w / w.sum()) ** 2).sum()))
         residuals[idx] = r[idx] - m
     u = np.array(sizes) / sum(sizes)
@@ -153,7 +178,7 @@ def weighted_ratio(log_ratios: np.ndarray, weights: np.ndarray) -> tuple[float, 
     """
     r = np.exp(log_ratios)
     if weights.size != r.size or not np.all(weights > 0):
-        raise BadInputError("paired estimate", "every pair needs a positive token count")
+        raise BadInputError("paired estimate", "every pair needs a positive weight")
     w = weights / weights.sum()
     mean = float((w * r).sum())
     n = r.size

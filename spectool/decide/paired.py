@@ -23,10 +23,11 @@ Designs (:data:`~spectool.decide.verdict.Design`):
   baseline is measured before and after the speculative cells; the cell is compared with both,
   and its interval spans both comparisons (:func:`bracketed_estimate`).
 
-Estimate (interleaved): the token-weighted mean of the pairs' ratios, ``ratio = sum w_i r_i``
-with ``r_i = exp(d_i)`` and ``w_i`` pair ``i``'s share of the output tokens: the workload's
-speculative time over its baseline time when the baseline's cost per token does not depend on
-the prompt, with each pair's own machine speed cancelled. Pairs send different prompts, and
+Estimate (interleaved): the weighted mean of the pairs' ratios, ``ratio = sum w_i r_i`` with
+``r_i = exp(d_i)``: the workload's speculative time over its baseline time, with each pair's own
+machine speed cancelled. Pairs of different prompts weigh by their baseline block's time (the
+baseline's cost per token depends on the prompt's length); pairs of the same prompts (each
+block the whole workload) by tokens (:func:`~spectool.decide.pair_stats.fit_pairs`). Pairs send different prompts, and
 acceptance depends on the prompt, so the pairs' ratios differ by their prompts as well as by
 noise; :mod:`spectool.tuning.trials` makes the pairs walk through shuffled passes over the
 whole workload, so any first pairs are a random sample of it and a full pass is all of it; at
@@ -180,7 +181,9 @@ def _ms_per_token(cell: CellMeasurement, source: Source) -> float:
 
 def _log_ratio_and_var(
     pair: BlockPair, source: Source, rng: np.random.Generator
-) -> tuple[float, float, float]:
+) -> tuple[float, float, float, float]:
+    """The pair's log ratio, its within-block variance, and the baseline block's tokens and
+    time (its weights, :func:`~spectool.decide.pair_stats.fit_pairs`)."""
     s_num, s_den, b_num, b_den = _terms(pair.spec, pair.base, source)
     if min(s_num.size, b_num.size) < 2:
         raise BadInputError(
@@ -196,7 +199,7 @@ def _log_ratio_and_var(
     sn, sd = resampled_sums(s_num, s_den, _WITHIN_BOOT, rng, blocks[0])
     bn, bd = resampled_sums(b_num, b_den, _WITHIN_BOOT, rng, blocks[1])
     boot = np.log((sn / sd) / (bn / bd))
-    return d, float(boot.var(ddof=1)), float(b_den.sum())
+    return d, float(boot.var(ddof=1)), float(b_den.sum()), float(b_num.sum())
 
 
 def paired_estimate(
@@ -234,11 +237,11 @@ def paired_estimate(
         return quantile_estimate(
             cell, source, QUANTILES[cell.objective], confidence=confidence, looks=looks, rng=rng
         )
-    logs, variances, tokens = zip(
+    logs, variances, tokens, times = zip(
         *(_log_ratio_and_var(p, source, rng) for p in cell.pairs), strict=True
     )
     d = np.array(logs)
-    fit = fit_pairs(d, np.array(tokens), cell.strata)
+    fit = fit_pairs(d, np.array(tokens), cell.strata, np.array(times))
     ratio, kept = fit.ratio, fit.kept
     spread = float(d[kept].std(ddof=1))
     within_se = math.sqrt(sum(variances[i] for i in kept)) / kept.size

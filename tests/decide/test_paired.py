@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from spectool.decide.cell import CellMeasurement, IterationSample
-from spectool.decide.cost import evaluate_cell
+from spectool.decide.cost import evaluate_cell, source_terms
 from spectool.decide.pair_stats import disturbed, stratified_ratio
 from spectool.decide.paired import (
     BlockPair,
@@ -144,8 +144,13 @@ def test_evaluate_paired_reports_both_arms_and_the_estimate() -> None:
     assert v.lhs_ms_per_token == pytest.approx(SPEC_MS * 1.0 / TOKENS, rel=0.05)
     data = v.to_json()
     assert data["design"] == "interleaved" and data["pairs"] == 4
-    # the token-weighted mean of the pairs' ratios (equal tokens: their plain mean)
-    assert data["ratio"] == pytest.approx(np.mean(data["pair_ratios"]))
+    # pairs of different prompts (no strata recorded): their ratios weighted by the baseline's
+    # time in each, the workload's time over its baseline time (not their plain mean: the
+    # machine's speed differs between these pairs)
+    base = np.array([source_terms(p.base, "iterations")[0].sum() for p in cell.pairs])
+    mean = float((base * np.array(data["pair_ratios"])).sum() / base.sum())
+    assert data["ratio"] == pytest.approx(mean)
+    assert data["ratio"] != pytest.approx(np.mean(data["pair_ratios"]), rel=1e-6)
 
 
 def test_bracketed_interval_spans_both_baselines() -> None:
@@ -221,10 +226,10 @@ def _disturbed_cell(same_prompts: bool) -> PairedCell:
 def test_a_disturbed_pair_of_whole_workload_blocks_is_set_aside() -> None:
     kept = paired_estimate(_disturbed_cell(same_prompts=True), looks=6)
     counted = paired_estimate(_disturbed_cell(same_prompts=False), looks=6)
-    # every pair counts where blocks send different prompts: the one disturbed pair, at full
-    # weight, opens the interval over 1 (today's flip) ...
+    # every pair counts where blocks send different prompts: the one disturbed pair (weighted
+    # by its baseline block's time, short there) opens the interval over 1 (today's flip) ...
     assert counted.set_aside == () and counted.verdict == "inconclusive"
-    assert counted.ci_high > 1.0 and counted.ratio > 0.98
+    assert counted.ci_high > 1.0 and counted.ratio > 0.97
     # ... where every block sent the same prompts it is the machine's, set aside and recorded
     assert kept.set_aside == (5,) and kept.pairs == 8
     assert kept.ratio == pytest.approx(0.94, rel=0.02)

@@ -216,3 +216,36 @@ def test_a_choice_against_the_separate_estimates_says_the_head_to_head_decided()
     choice = choose_method([ngram, draft], duel=duel)
     assert choice.chosen == "ngram"
     assert "ahead of draft_model by the head-to-head measurement" in choice.why
+
+
+def test_a_head_to_head_is_the_workloads_time_over_the_rivals_not_a_mean_per_token() -> None:
+    """Four prompts (strata), each sent in three passes; the rival's cost per token depends on
+    the prompt (its acceptance), as ``a``'s does. The workload's ratio is its time with ``a``
+    over its time with ``b``: 70 / 100 ms per token summed over the prompts, 0.70. The pairs'
+    token-weighted mean (what it was) reads 0.81, and would call n-gram against a draft model
+    on prose a tie where the times put it 6% ahead."""
+    from spectool.decide.cell import CellMeasurement, IterationSample
+
+    a_ms, b_ms = (8.0, 20.0, 12.0, 30.0), (10.0, 40.0, 10.0, 40.0)  # per token, per prompt
+
+    def block(ms: float, speed: float) -> CellMeasurement:
+        steps = tuple(IterationSample(0.0, ms * speed, 0.0, 1, 2) for _ in range(16))
+        return CellMeasurement(1, K, iterations=steps)  # 16 steps of 2 tokens: 32 tokens
+
+    pairs, strata = [], []
+    for p in range(3):
+        for s in range(4):
+            speed = 1.0 + 0.1 * ((p + s) % 3)  # both blocks of a pair on the same machine
+            pairs.append(DuelPair(block(a_ms[s], speed), block(b_ms[s], speed), a_first=s % 2 == 0))
+            strata.append(s)
+    est = duel_estimate(pairs, ("ngram", "draft_model"), strata=strata)
+    assert est.strata == 4
+    assert est.ratio == pytest.approx(sum(a_ms) / sum(b_ms))  # 0.70
+    token_mean = float(np.mean([a / b for a, b in zip(a_ms, b_ms)]))
+    assert token_mean == pytest.approx(0.8125) and abs(est.ratio - token_mean) > 0.1
+    # each pair its own prompts (the first pass alone): the same weighting, between pairs
+    first = duel_estimate(pairs[:4], ("ngram", "draft_model"), strata=strata[:4])
+    assert first.strata == 0 and first.ratio == pytest.approx(
+        sum(a * (1 + 0.1 * (s % 3)) for s, a in enumerate(a_ms))
+        / sum(b * (1 + 0.1 * (s % 3)) for s, b in enumerate(b_ms))
+    )

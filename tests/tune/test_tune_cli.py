@@ -164,6 +164,33 @@ def test_resume_redoes_no_finished_trial(tuned: dict[str, Any]) -> None:
             assert sum(f"k=0 #p{i}/k{k} " in x for x in labels) == 1
 
 
+def _saved_estimate(trials_path: Path, cell: dict[str, Any]) -> float:
+    """The cell's ratio recomputed from its pairs' baseline blocks in ``trials.jsonl``: their
+    tokens and decode times (the weights) and prompts (the strata)."""
+    import numpy as np
+
+    from spectool.decide.pair_stats import fit_pairs
+
+    c, k = cell["concurrency"], cell["k"]
+    trials = [json.loads(line) for line in _lines(trials_path)]
+    tokens, times, bags = [], [], []
+    for i in range(cell["pairs"]):
+        (base,) = [
+            t
+            for t in trials
+            if t["config"]["concurrency"] == c and f"k=0 #p{i}/k{k} " in t["config"]["label"]
+        ]
+        used = [r for r in base["records"] if r["output_tokens"] >= 2]
+        tokens.append(sum(r["output_tokens"] - 1 for r in used))
+        times.append(sum(r["end_time_s"] - r["first_token_time_s"] for r in used))
+        bags.append(tuple(sorted(base["config"]["prompt_indices"])))
+    labels = {bag: n for n, bag in enumerate(dict.fromkeys(bags))}
+    logs = np.log(np.array(cell["pair_ratios"]))
+    fit = fit_pairs(logs, np.array(tokens, float), [labels[b] for b in bags], np.array(times))
+    assert fit.strata == cell["strata"] and list(fit.set_aside) == cell["set_aside"]
+    return fit.ratio
+
+
 def test_decision_json_is_valid_and_consistent(tuned: dict[str, Any]) -> None:
     out = tuned["out"]
     data = json.loads((out / "decision.json").read_text())
@@ -200,13 +227,15 @@ def test_decision_json_is_valid_and_consistent(tuned: dict[str, Any]) -> None:
             "set_aside",
             "strata",
         }
-        # the paired estimate: the token-weighted mean of the pairs' ratios (every block has
-        # the same tokens here; lhs and rhs are both arms pooled, so their quotient only
-        # approximates it), over whole passes of the workload
+        # the paired estimate: the mean of the pairs' ratios weighted by their baseline blocks'
+        # tokens and decode times as saved in trials.jsonl (pairs of different prompts by time,
+        # of the same prompts by tokens; lhs and rhs are both arms pooled, so their quotient
+        # only approximates it), over whole passes of the workload
         assert cell["design"] == "interleaved" and len(cell["pair_ratios"]) == cell["pairs"]
         kept = [r for i, r in enumerate(cell["pair_ratios"]) if i not in cell["set_aside"]]
         assert len(cell["set_aside"]) <= cell["pairs"] // 8  # pairs set aside as disturbed
-        assert cell["ratio"] == pytest.approx(sum(kept) / len(kept))
+        assert min(kept) <= cell["ratio"] <= max(kept)
+        assert cell["ratio"] == pytest.approx(_saved_estimate(out / "trials.jsonl", cell))
         assert cell["prompts_covered"] == cell["workload_prompts"] > 0
         assert cell["ci_low"] <= cell["ci_high"]
         expected = (
