@@ -53,7 +53,7 @@ def fit_pairs(
     The workload's ratio is its time over the denominator's time, so pairs of different
     prompts weigh by that time: the denominator's cost per token depends on the prompt (a
     rival's through its acceptance; by tokens alone a head-to-head of n-gram against a draft
-    model on prose at concurrency 1 read 0.988 where the times say 0.94). With one stratum
+    model on prose at concurrency 1 read 0.988 where the times say 0.944). With one stratum
     (every block sent the same prompts, so every pair stands for the same workload) the pairs
     weigh by tokens, after those far off the others are set aside (:func:`disturbed`). With
     several, each holding two pairs or more, the ratio is the strata's, each weighted by its
