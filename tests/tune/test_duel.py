@@ -241,7 +241,7 @@ def test_a_head_to_head_is_the_workloads_time_over_the_rivals_not_a_mean_per_tok
     est = duel_estimate(pairs, ("ngram", "draft_model"), strata=strata)
     assert est.strata == 4
     assert est.ratio == pytest.approx(sum(a_ms) / sum(b_ms))  # 0.70
-    token_mean = float(np.mean([a / b for a, b in zip(a_ms, b_ms)]))
+    token_mean = float(np.mean([a / b for a, b in zip(a_ms, b_ms, strict=True)]))
     assert token_mean == pytest.approx(0.8125) and abs(est.ratio - token_mean) > 0.1
     # each pair its own prompts (the first pass alone): the same weighting, between pairs
     first = duel_estimate(pairs[:4], ("ngram", "draft_model"), strata=strata[:4])
