@@ -34,8 +34,8 @@ sweep of every method and every draft length, on the embedded engine.
 
 Prints the table and the checks and writes ``OUT/benchmark.json``; exit 0 when every check
 holds in sample, 1 otherwise. ``--rejudge OUT`` judges a finished ``OUT/benchmark.json`` again
-without measuring (``--commits A,B``: only the runs recorded on those commits) (one written before the bracketing baselines is split into its rounds and
-judged on tokens/s, said so). ``--add-runs N --out OUT`` runs tune N more times against the
+without measuring (one written before the bracketing baselines is split into its rounds and
+judged on tokens/s, said so); ``--commits A,B`` judges only the runs recorded on those commits. ``--add-runs N --out OUT`` runs tune N more times against the
 sweep in ``OUT`` (its own settings, the engine unchanged) and judges them with the earlier runs;
 each run records the commit it ran on.
 

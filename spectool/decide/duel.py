@@ -15,8 +15,9 @@ ratios ``exp(d_i)`` weighted by ``b``'s time on each pair's prompts (its tokens 
 per token; :func:`spectool.decide.pair_stats.fit_pairs`): ``b``'s cost per token depends on the
 prompt as much as ``a``'s (acceptance does), and by tokens alone a prompt where ``b`` is slow
 weighed like one where it is fast (prose, n-gram against a draft model at concurrency 1, 24
-pairs in 8 strata, two runs: 0.988 and 0.979 by tokens, 0.944 and 0.897 by time). With the standard error of its log between pairs (:func:`spectool.decide.pair_stats.weighted_ratio`); where every block
-sent the same prompts, without the pairs set aside as disturbed
+pairs in 8 strata, two runs: 0.988 and 0.979 by tokens, 0.944 and 0.897 by time). With the
+standard error of its log between pairs (:func:`spectool.decide.pair_stats.weighted_ratio`);
+where every block sent the same prompts (then weighed by tokens), without the pairs set aside as disturbed
 (:func:`spectool.decide.pair_stats.disturbed`); where the pairs fall into several strata of the
 same prompts, each measured twice or more, the strata's estimate
 (:func:`spectool.decide.pair_stats.stratified_ratio`). A head-to-head cell is

@@ -65,17 +65,16 @@ def fit_pairs(
     aside = disturbed(log_ratios) if len(set(strata)) == 1 else ()
     kept = np.array([i for i in range(log_ratios.size) if i not in aside])
     d, w, t = log_ratios[kept], weights[kept], times[kept]
+    one_stratum = False
     if len(strata):
         groups = np.asarray(strata)[kept]
         counts = np.bincount(groups)
         counts = counts[counts > 0]
-        if counts.size == 1:
-            ratio, log_se = weighted_ratio(d, w)
-            return PairsFit(ratio, log_se, d.size - 1, 0, aside, kept)
-        if counts.min() >= 2:
+        one_stratum = counts.size == 1
+        if counts.size > 1 and counts.min() >= 2:
             ratio, log_se, df = stratified_ratio(d, w, groups, t)
             return PairsFit(ratio, log_se, df, int(counts.size), aside, kept)
-    ratio, log_se = weighted_ratio(d, t)
+    ratio, log_se = weighted_ratio(d, w if one_stratum else t)
     return PairsFit(ratio, log_se, d.size - 1, 0, aside, kept)
 
 
@@ -95,8 +94,8 @@ def stratified_ratio(
     uncertainty about *this workload's* ratio once every stratum has been measured: the
     estimate is each stratum's token-weighted mean ``m_s``, weighted by the stratum's mean
     ``times`` a block (``u_s``: the denominator's time on its prompts, so the workload's time
-    over the denominator's; None: its tokens a block), and its variance ``sigma^2 * sum_s (u_s / U)^2 *
-    sum_{i in s} (w_i / W_s)^2`` with ``sigma^2`` the pairs' spread around their stratum's
+    over the denominator's; None: its tokens a block), and its variance
+    ``sigma^2 * sum_s (u_s / U)^2 * sum_{i in s} (w_i / W_s)^2`` with ``sigma^2`` the pairs' spread around their stratum's
     mean, pooled (``N - S`` degrees of freedom). The between-pairs t interval counts the
     prompts' spread as noise: at concurrency 1 the main job's pair ratios on the same prompts
     correlate 0.73-0.89 from one run to the next (0.07-0.16 of their 0.18-0.36 spread on the

@@ -27,8 +27,8 @@ Estimate (interleaved): the weighted mean of the pairs' ratios, ``ratio = sum w_
 ``r_i = exp(d_i)``: the workload's speculative time over its baseline time, with each pair's own
 machine speed cancelled. Pairs of different prompts weigh by their baseline block's time (the
 baseline's cost per token depends on the prompt's length); pairs of the same prompts (each
-block the whole workload) by tokens (:func:`~spectool.decide.pair_stats.fit_pairs`). Pairs send different prompts, and
-acceptance depends on the prompt, so the pairs' ratios differ by their prompts as well as by
+block the whole workload) by tokens (:func:`~spectool.decide.pair_stats.fit_pairs`). Pairs
+send different prompts, and acceptance depends on the prompt, so the pairs' ratios differ by their prompts as well as by
 noise; :mod:`spectool.tuning.trials` makes the pairs walk through shuffled passes over the
 whole workload, so any first pairs are a random sample of it and a full pass is all of it; at
 concurrency 1 every pass sends the same blocks, and pairs that sent the same prompts form

@@ -105,7 +105,8 @@ def _noise_section(outcome: TuneOutcome) -> list[str]:
         "",
         "Pair ratios: lhs / rhs of each speculative block against the baseline block beside it; "
         "the cell's ratio is their mean weighted by the baseline's time on their prompts (the "
-        "workload's time over its baseline time). A ratio in brackets was set aside as "
+        "workload's time over its baseline time; by tokens where every block sent the same "
+        "prompts). A ratio in brackets was set aside as "
         "disturbed: every block of the cell sent the same prompts (the whole workload), so "
         f"pairs differ by the machine alone, and it lay more than {DISTURBED_SDS:g} standard "
         "deviations of the other pairs from their mean. Strata: pairs that sent the same "
