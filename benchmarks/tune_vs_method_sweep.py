@@ -35,15 +35,20 @@ sweep of every method and every draft length, on the embedded engine.
 Prints the table and the checks and writes ``OUT/benchmark.json``; exit 0 when every check
 holds in sample, 1 otherwise. ``--rejudge OUT`` judges a finished ``OUT/benchmark.json`` again
 without measuring (one written before the bracketing baselines is split into its rounds and
-judged on tokens/s, said so); ``--commits A,B`` judges only the runs recorded on those commits. ``--add-runs N --out OUT`` runs tune N more times against the
-sweep in ``OUT`` (its own settings, the engine unchanged) and judges them with the earlier runs;
-each run records the commit it ran on.
+judged on tokens/s, said so); ``--commits A,B`` judges only the runs recorded on those
+commits. ``--add-runs N --out OUT`` runs tune N more times against the sweep in ``OUT`` (its
+own settings, the engine unchanged) and judges them with the earlier runs; each run records
+the commit it ran on. ``--interleave`` adds a sweep round before the first of them and after
+each (:func:`add_runs`), tagged with the batch; ``--rejudge OUT --beside`` then judges each
+such run against its own batch's rounds only (the same hours).
 
 Usage::
 
     python benchmarks/tune_vs_method_sweep.py --out out/msweep                   # built-in
     python benchmarks/tune_vs_method_sweep.py --rejudge out/msweep              # no measuring
     python benchmarks/tune_vs_method_sweep.py --add-runs 3 --out out/msweep     # more tune runs
+    python benchmarks/tune_vs_method_sweep.py --add-runs 5 --interleave --out out/msweep
+    python benchmarks/tune_vs_method_sweep.py --rejudge out/msweep --beside
     python benchmarks/tune_vs_method_sweep.py --workload code --runs 5 --out out/ms-code
     python benchmarks/tune_vs_method_sweep.py --workload prose --runs 5 --out out/ms-prose
     python benchmarks/tune_vs_method_sweep.py --workload code.jsonl --concurrency 1,4,16 \
@@ -63,6 +68,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from benchmarks.sweep_workloads import named_workload  # noqa: E402
 from spectool.decide.sweep_judge import (  # noqa: E402
     BASE,
     bracketed_speedups,
@@ -100,6 +106,10 @@ def pooled_rate(spans: list) -> float:  # noqa: ANN001
     return sum(t for t, _ in spans) / sum(s for _, s in spans)
 
 
+def means_of(requests: dict) -> dict:  # noqa: D103 (per concurrency and config: pooled rate)
+    return {c: {k: pooled_rate(v) for k, v in by.items()} for c, by in requests.items()}
+
+
 def with_baselines(configs: list) -> list:  # noqa: ANN001
     """``B x x B x x ... B``: the baseline first, last and after every second configuration."""
     out = [None]
@@ -110,52 +120,13 @@ def with_baselines(configs: list) -> list:  # noqa: ANN001
     return out
 
 
-CODE_MODULES = (
-    "argparse", "textwrap", "shlex", "fractions", "heapq", "bisect", "statistics", "difflib",
-    "string", "calendar", "colorsys", "ipaddress", "json/encoder", "csv", "glob", "fnmatch",
-)  # fmt: skip
-PROSE_OBJECTS = (
-    "textwrap.dedent", "statistics.quantiles", "heapq.merge", "bisect.insort_right",
-    "statistics.median", "difflib.SequenceMatcher", "difflib.unified_diff",
-    "fractions.Fraction.limit_denominator", "ipaddress.ip_network", "json.dumps", "json.loads",
-    "glob.glob", "functools.reduce", "functools.lru_cache", "itertools.groupby",
-    "collections.namedtuple",
-)  # fmt: skip
-
-
-def named_workload(name: str, out: Path) -> Path:
-    """``code`` (16 pieces of Python from the standard library, each from its first ``def`` or ``class``) or
-    ``prose`` (16 standard-library docstrings) as a workload file ``OUT/<name>.jsonl``: the two
-    workloads of the method sweeps, where n-gram lookup is strong and where it is weak."""
-    import importlib
-    import inspect
-    import sysconfig
-
-    prompts = []
-    if name == "code":
-        stdlib = Path(sysconfig.get_paths()["stdlib"])
-        for module in CODE_MODULES:
-            text = (stdlib / f"{module}.py").read_text(encoding="utf-8")
-            start = min(i for i in (text.find("\ndef "), text.find("\nclass ")) if i >= 0) + 1
-            prompts.append(text[start : start + 900])
-    else:
-        for dotted in PROSE_OBJECTS:
-            module, _, rest = dotted.partition(".")
-            obj = importlib.import_module(module)
-            for part in rest.split("."):
-                obj = getattr(obj, part)
-            prompts.append(f"{dotted}\n\n{inspect.getdoc(obj)[:900]}")
-    path = out / f"{name}.jsonl"
-    path.write_text("".join(json.dumps({"prompt": p, "category": name}) + "\n" for p in prompts))
-    return path
-
-
 def sweep(
-    args: argparse.Namespace, out: Path
+    args: argparse.Namespace, out: Path, first_round: int = 0
 ) -> tuple[dict[str, dict[str, list]], dict[str, list[list[tuple[str, float]]]], list[str]]:
     """``{concurrency: {config: per-request (decode tokens, seconds)}}`` (config ``base`` or
     ``method k=K``), and per concurrency the rounds as run: ``[(config, its block's pooled
-    per-user tokens/s), ...]``; and the methods in the profile's order."""
+    per-user tokens/s), ...]``; and the methods in the profile's order. ``first_round``: the
+    number of the first round in the blocks' labels (rounds added to a finished sweep)."""
     requests = method_requests(_request(args, out / "sweep-setup"))
     resolved = resolve_all(requests)
     count_tokens, prompts, _, _ = measurement_plan(resolved[0])
@@ -183,7 +154,7 @@ def sweep(
                     name, method, k = slot or (BASE, None, 0)
                     info = driver.serve(k, method)
                     trial = TrialConfig(
-                        label=f"sweep {name} c={c} round={round_} block={position}",
+                        label=f"sweep {name} c={c} round={first_round + round_} block={position}",
                         concurrency=c,
                         # at least two waves, as tune's blocks (trials.BLOCK_WAVES): a closed
                         # loop in which finished requests are replaced and arriving prefills
@@ -255,18 +226,50 @@ def one_run(args: argparse.Namespace, out: Path) -> dict:
     return {"decision": decision, "wall_s": wall, "commit": head or "unknown"}
 
 
-def add_runs(out: Path, count: int) -> int:
+def add_runs(out: Path, count: int, *, interleave: bool = False) -> int:
     """``count`` more tune runs against the sweep in ``out`` (its own settings), judged with
-    the earlier runs; ``OUT/benchmark.json`` is rewritten after each one (atomically)."""
+    the earlier runs; ``OUT/benchmark.json`` is rewritten after each one (atomically).
+
+    ``interleave``: a sweep round before the first run and after each (``R T R ... T R``), all
+    tagged with this batch, so a run can be judged against the rounds of its own hours
+    (``--rejudge OUT --beside``): on this shared machine a gain moves with the load (built-in,
+    draft_model k=2 at concurrency 4: 1.10x in the sweep's 12 rounds of 2026-12-03..05, 1.04x
+    in 12 rounds at 14:30 on 12-05)."""
     path = out / "benchmark.json"
     data = json.loads(path.read_text())
     args = argparse.Namespace(**data["args"])
+    tag = time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()) if interleave else None
     ok = False
-    for _ in range(count):
-        data["runs"].append(one_run(args, out / f"tune-{len(data['runs'])}"))
+    for i in range(count):
+        if tag is not None and i == 0:
+            add_round(data, args, out, tag)
+        run = one_run(args, out / f"tune-{len(data['runs'])}")
+        data["runs"].append(run | ({"tag": tag} if tag is not None else {}))
+        if tag is not None:
+            add_round(data, args, out, tag)
         ok = report(data)
         atomic_write_text(path, json.dumps(data | {"ok": ok}, indent=2))
     return 0 if ok else 1
+
+
+def add_round(data: dict, args: argparse.Namespace, out: Path, tag: str) -> None:
+    """One more sweep round in ``data`` (every concurrency), tagged ``tag``; saved at once."""
+    tags = round_tags(data)
+    done = len(next(iter(data["rounds"].values())))
+    seed = 100 + done  # a fresh shuffle per round, reproducible
+    started = time.perf_counter()
+    rates, rounds, _ = sweep(
+        argparse.Namespace(**vars(args) | {"rounds": 1, "seed": seed}), out, first_round=done
+    )
+    data["sweep_s"] += time.perf_counter() - started
+    for c, by_round in rounds.items():
+        data["rounds"][c] += by_round
+        tags[c] += [tag] * len(by_round)
+        for name, spans in rates[c].items():
+            data["requests"][c].setdefault(name, []).extend(spans)
+    data["round_tags"] = tags
+    data["means"] = means_of(data["requests"])
+    atomic_write_text(out / "benchmark.json", json.dumps(data, indent=2))
 
 
 def round_scores(data: dict) -> tuple[dict[str, list[dict[str, float]]], str]:
@@ -291,64 +294,58 @@ def round_scores(data: dict) -> tuple[dict[str, list[dict[str, float]]], str]:
     return scores, "1 / mean TPOT in tokens/s, the requests split into rounds (no bracketing)"
 
 
-def report(data: dict, commits: tuple[str, ...] = ()) -> bool:
+def round_tags(data: dict) -> dict[str, list[str | None]]:
+    """Per concurrency, each round's tag: the interleaved batch it was measured in (``None``:
+    the sweep measured before the runs)."""
+    tags = data.get("round_tags", {})
+    return {c: tags.get(c) or [None] * len(rounds) for c, rounds in data.get("rounds", {}).items()}
+
+
+def report(data: dict, commits: tuple[str, ...] = (), *, beside: bool = False) -> bool:
     """Print the table and the checks; whether every check holds in sample. ``commits``: judge
-    only the runs whose recorded commit starts with one of these (all runs when empty)."""
+    only the runs whose recorded commit starts with one of these (all runs when empty).
+    ``beside``: judge each interleaved run only against the sweep rounds of its own batch
+    (measured between the batch's runs, the same hours), runs without a batch not at all."""
     scores, what = round_scores(data)
+    tags = round_tags(data)
     runs = [
         (i, run)
         for i, run in enumerate(data["runs"])
-        if not commits or str(run.get("commit", "")).startswith(commits)
+        if (not commits or str(run.get("commit", "")).startswith(commits))
+        and (not beside or run.get("tag") is not None)
     ]
     ok = True
     print(f"\nsweep: {data['sweep_s']:.0f} s, {len(next(iter(scores.values())))} rounds; {what}")
-    deployable, plan = deployable_best(scores) if "rounds" in data else (None, {})
+    deployable, plan = deployable_best(scores) if "rounds" in data and not beside else (None, {})
     if deployable is not None:
         print(
             f"the best one-method deployment the sweep finds: {deployable} ("
             + ", ".join(f"c={c}: {n}" for c, n in plan.items())
             + "); 'one method' below is each run's share of it"
         )
-    for c, rounds in scores.items():
-        means = {name: sum(r[name] for r in rounds) / len(rounds) for name in rounds[0]}
-        best_name = max(means, key=means.get)
-        row = f"c={c}: best {best_name} {means[best_name]:.2f} of base {means[BASE]:.2f}"
-        ceiling = split_half(rounds, QUALITY)
-        if ceiling is not None:
-            row += (
-                f"; the sweep's best of half its rounds reaches {QUALITY:.0%} on the other half "
-                f"in {ceiling.reached} of {ceiling.splits} splits (worst {ceiling.worst_share:.0%})"
-            )
-        held_gain = heldout_gain(rounds) if "rounds" in data else None
-        if held_gain is not None:
-            row += f"; the best's gain held out {held_gain:.2f}"
-        held = 0
+    for c, all_rounds in scores.items():
+        groups: dict[str | None, list] = {}  # runs by the rounds they are judged against
         for i, run in runs:
-            d = run["decision"]
-            k = int(d["schedule"].get(c, 0))
-            name = BASE if k == 0 else f"{d['method']} k={k}"
-            j = judge(rounds, name)
-            best_gain = means[best_name] / means[BASE]
-            agree = abs(best_gain - 1) <= VERDICT_MARGIN or ((k > 0) == (best_name != BASE))
-            ok &= j.share >= QUALITY and agree
-            held += j.share >= QUALITY and agree
-            onoff = ""
-            if not agree:  # held out, the best's gain may be within the margin (winner's curse)
-                within = held_gain is not None and abs(held_gain - 1) <= VERDICT_MARGIN
-                onoff = ", on/off wrong" + (
-                    f" in sample (held out the best gains {held_gain:.2f}: within noise)"
-                    if within
-                    else ""
-                )
-            row += (
-                f"\n  run {i}: {name}: {j.share:.0%} in sample, {j.heldout_share:.0%} held out, "
-                f"interval {j.low:.0%}-{j.high:.0%}: {j.verdict(QUALITY)}{onoff}"
+            groups.setdefault(run.get("tag") if beside else None, []).append((i, run))
+        held = 0
+        for tag, group in groups.items():
+            rounds = (
+                [r for r, t in zip(all_rounds, tags[c], strict=True) if t == tag]
+                if beside
+                else all_rounds
             )
-            if c in plan:  # against the one-method deployment's configuration here
-                pair = [{n: r[n] for n in {name, plan[c]}} for r in rounds]
-                one = judge(pair, name)
-                row += f"; one method: {one.share:.0%} ({one.verdict(QUALITY)})"
-        print(row + f"\n  c={c}: every check holds in {held} of {len(runs)} runs")
+            if not rounds:
+                print(f"c={c}: no sweep rounds of batch {tag}")
+                ok = False
+                continue
+            label = f"c={c} (batch {tag}, {len(rounds)} rounds beside)" if beside else f"c={c}"
+            text, group_ok, group_held = _check_runs(
+                label, c, rounds, group, plan, "rounds" in data
+            )
+            print(text)
+            ok &= group_ok
+            held += group_held
+        print(f"  c={c}: every check holds in {held} of {len(runs)} runs")
     for i, run in runs:
         print(
             f"tune run {i} (commit {run.get('commit', 'not recorded')}): {run['wall_s']:.0f} s, "
@@ -356,6 +353,52 @@ def report(data: dict, commits: tuple[str, ...] = ()) -> bool:
         )
     print("all checks hold" if ok else "a check failed")
     return ok
+
+
+def _check_runs(
+    label: str, c: str, rounds: list, runs: list, plan: dict[str, str], bracketed: bool
+) -> tuple[str, bool, int]:
+    """The checks of ``runs`` at concurrency ``c`` against the sweep's ``rounds``: the text,
+    whether all hold, and in how many runs."""
+    ok, held = True, 0
+    means = {name: sum(r[name] for r in rounds) / len(rounds) for name in rounds[0]}
+    best_name = max(means, key=means.get)
+    row = f"{label}: best {best_name} {means[best_name]:.2f} of base {means[BASE]:.2f}"
+    ceiling = split_half(rounds, QUALITY)
+    if ceiling is not None:
+        row += (
+            f"; the sweep's best of half its rounds reaches {QUALITY:.0%} on the other half "
+            f"in {ceiling.reached} of {ceiling.splits} splits (worst {ceiling.worst_share:.0%})"
+        )
+    held_gain = heldout_gain(rounds) if bracketed else None
+    if held_gain is not None:
+        row += f"; the best's gain held out {held_gain:.2f}"
+    for i, run in runs:
+        d = run["decision"]
+        k = int(d["schedule"].get(c, 0))
+        name = BASE if k == 0 else f"{d['method']} k={k}"
+        j = judge(rounds, name)
+        best_gain = means[best_name] / means[BASE]
+        agree = abs(best_gain - 1) <= VERDICT_MARGIN or ((k > 0) == (best_name != BASE))
+        ok &= j.share >= QUALITY and agree
+        held += j.share >= QUALITY and agree
+        onoff = ""
+        if not agree:  # held out, the best's gain may be within the margin (winner's curse)
+            within = held_gain is not None and abs(held_gain - 1) <= VERDICT_MARGIN
+            onoff = ", on/off wrong" + (
+                f" in sample (held out the best gains {held_gain:.2f}: within noise)"
+                if within
+                else ""
+            )
+        row += (
+            f"\n  run {i}: {name}: {j.share:.0%} in sample, {j.heldout_share:.0%} held out, "
+            f"interval {j.low:.0%}-{j.high:.0%}: {j.verdict(QUALITY)}{onoff}"
+        )
+        if c in plan:  # against the one-method deployment's configuration here
+            pair = [{n: r[n] for n in {name, plan[c]}} for r in rounds]
+            one = judge(pair, name)
+            row += f"; one method: {one.share:.0%} ({one.verdict(QUALITY)})"
+    return row, ok, held
 
 
 def main() -> int:
@@ -377,6 +420,16 @@ def main() -> int:
         help="with --rejudge: judge only the runs recorded on these commits (comma-separated prefixes)",
     )
     parser.add_argument(
+        "--beside",
+        action="store_true",
+        help="with --rejudge: judge each interleaved run against its own batch's rounds only",
+    )
+    parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="with --add-runs: a sweep round before the first run and after each run",
+    )
+    parser.add_argument(
         "--add-runs",
         type=int,
         default=0,
@@ -386,9 +439,9 @@ def main() -> int:
     if args.rejudge is not None:
         data = json.loads((args.rejudge / "benchmark.json").read_text())
         commits = tuple(c for c in args.commits.split(",") if c)
-        return 0 if report(data, commits) else 1
+        return 0 if report(data, commits, beside=args.beside) else 1
     if args.add_runs:
-        return add_runs(args.out.resolve(), args.add_runs)
+        return add_runs(args.out.resolve(), args.add_runs, interleave=args.interleave)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     if args.workload in ("code", "prose"):
@@ -400,7 +453,7 @@ def main() -> int:
     data = {
         "args": vars(args) | {"out": str(out), "rejudge": None},
         "sweep_s": sweep_s,
-        "means": {c: {k: pooled_rate(v) for k, v in by.items()} for c, by in rates.items()},
+        "means": means_of(rates),
         "requests": rates,
         "rounds": rounds,
         "methods": methods,  # the profile's order (the order tune compares them in)
