@@ -106,7 +106,8 @@ def pooled_rate(spans: list) -> float:  # noqa: ANN001
     return sum(t for t, _ in spans) / sum(s for _, s in spans)
 
 
-def means_of(requests: dict) -> dict:  # noqa: D103 (per concurrency and config: pooled rate)
+def means_of(requests: dict) -> dict:
+    """Per concurrency and configuration, the pooled per-user rate of its requests."""
     return {c: {k: pooled_rate(v) for k, v in by.items()} for c, by in requests.items()}
 
 
@@ -323,10 +324,10 @@ def report(data: dict, commits: tuple[str, ...] = (), *, beside: bool = False) -
             + ", ".join(f"c={c}: {n}" for c, n in plan.items())
             + "); 'one method' below is each run's share of it"
         )
+    groups: dict[str | None, list] = {}  # runs by the rounds they are judged against
+    for i, run in runs:
+        groups.setdefault(run.get("tag") if beside else None, []).append((i, run))
     for c, all_rounds in scores.items():
-        groups: dict[str | None, list] = {}  # runs by the rounds they are judged against
-        for i, run in runs:
-            groups.setdefault(run.get("tag") if beside else None, []).append((i, run))
         held = 0
         for tag, group in groups.items():
             rounds = (
