@@ -28,6 +28,14 @@ get the same coverage to be compared fairly. Both renderers write the same graph
 Runtime gates are written only where the release honours them for the method's drafter path
 (:mod:`spectool.trtllm.gates`); elsewhere rendering fails instead of writing an inert key.
 ``two_model=True`` selects EAGLE-3's two-model path (``eagle3_one_model: false``, 1.0-1.2).
+
+Measuring (:func:`measuring_yaml`): ``tune`` serves a build's file with KV-cache block reuse
+off. ``KvCacheConfig.enable_block_reuse`` defaults to True in every release spectool knows
+(``tensorrt_llm/llmapi/llm_args.py``, ``KvCacheConfig``, 0.21 to main; the option tables in
+``spectool/trtllm/schema/``), and tune sends the workload's prompts again in every block, so
+from the second block on each prompt's full KV blocks would be found in the cache: no prefill,
+where users' own traffic (new prompts) pays it, and a request's decode waits through the other
+requests' prefills. The deployed files keep TensorRT-LLM's default.
 """
 
 from __future__ import annotations
@@ -419,6 +427,22 @@ def render_baseline_yaml(
     validate_options(options, release, backend)
     return _dump(
         options, f"spectool: baseline (no speculation), TensorRT-LLM {release} ({backend})"
+    )
+
+
+# What tune changes in a build's options while it measures (module docstring).
+MEASURING_OPTIONS: dict[str, Any] = {"kv_cache_config": {"enable_block_reuse": False}}
+
+
+def measuring_yaml(path: str | Path, release: str, backend: str) -> str:
+    """The options of the build file ``path`` as ``tune`` serves them: :data:`MEASURING_OPTIONS`
+    merged in (block reuse off), validated for the release."""
+    options = _merge(read_options_yaml(path, release, backend), MEASURING_OPTIONS)
+    validate_options(options, release, backend)
+    return _dump(
+        options,
+        f"spectool tune: {Path(path).name} with KV-cache block reuse off while measuring "
+        f"(tune repeats its prompts), TensorRT-LLM {release} ({backend})",
     )
 
 

@@ -4,7 +4,9 @@ For every draft length ``k >= 1`` measured, ``build``'s own code (:mod:`spectool
 check, fit to the GPU, render, validate, write) writes a build folder ``DIR/configs/k<k>`` for
 the pair at ``max_draft_len = k`` with no runtime gate, and the server runs its
 ``speculative.yaml``; the baseline (``k = 0``) runs ``baseline.yaml`` of the largest ``k``'s
-folder (same limits, no ``speculative_config``). The command line comes from
+folder (same limits, no ``speculative_config``), each as ``measuring-<file>``: the same options
+with KV-cache block reuse off (:func:`spectool.trtllm.spec_yaml.measuring_yaml`: every block
+resends the workload's prompts, which users' traffic does not). The command line comes from
 :func:`spectool.deploy.launch.trtllm_server_argv`, as ``spectool serve`` builds it, on a free
 port of 127.0.0.1. Each server is a child in its own process group
 (:mod:`spectool.deploy.supervise`), logging to ``DIR/logs/trtllm-k<k>.log``.
@@ -202,6 +204,8 @@ class TrtllmDriver:
         from spectool.deploy.launch import trtllm_server_argv
         from spectool.deploy.manifest import CONFIG_FILES
         from spectool.deploy.supervise import free_port
+        from spectool.io import atomic_write_text
+        from spectool.trtllm.spec_yaml import measuring_yaml
         from spectool.tuning.gpu_sets import server_command
 
         self._stop(index)
@@ -209,13 +213,17 @@ class TrtllmDriver:
         manifest = plan.manifest
         assert manifest.trtllm is not None
         spec_name, base_name = CONFIG_FILES["trtllm"]
+        release, backend = manifest.trtllm.release, manifest.trtllm.backend
+        built = spec_name if k > 0 else base_name
+        measuring = f"measuring-{built}"  # block reuse off (spec_yaml.measuring_yaml)
+        atomic_write_text(plan.out / measuring, measuring_yaml(plan.out / built, release, backend))
         port = free_port(HOST)
         argv = trtllm_server_argv(
-            release=manifest.trtllm.release,
-            backend=manifest.trtllm.backend,
+            release=release,
+            backend=backend,
             target_model=self.model_name,
             build_dir=plan.out,
-            config_name=spec_name if k > 0 else base_name,
+            config_name=measuring,
             speculative=k > 0,
             tp=manifest.tp,
             host=HOST,

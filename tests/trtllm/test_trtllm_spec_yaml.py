@@ -14,6 +14,7 @@ from spectool.findings import Severity
 from spectool.trtllm.releases import BACKENDS, METHODS, RELEASES, release_info
 from spectool.trtllm.spec_yaml import (
     ServeLimits,
+    measuring_yaml,
     read_options_yaml,
     render_baseline_yaml,
     render_speculative_yaml,
@@ -149,6 +150,27 @@ def test_baseline_renders_or_is_refused(release, backend):
     validate_options(options, release, backend, use_installed=False)
     assert "speculative_config" not in options
     assert options["max_batch_size"] == 64
+
+
+@pytest.mark.parametrize(
+    ("release", "backend"),
+    [(r, b) for r in RELEASES for b in BACKENDS if b in release_info(r).backends],
+)
+def test_tune_measures_with_block_reuse_off_and_nothing_else_changed(release, backend, tmp_path):
+    """KvCacheConfig.enable_block_reuse defaults to True in every release; tune resends its
+    prompts, so it measures with reuse off. Every other option is the build's."""
+    built = tmp_path / "baseline.yaml"
+    limits = ServeLimits(max_batch_size=64, free_gpu_memory_fraction=0.8)
+    built.write_text(render_baseline_yaml(release, backend, limits=limits))
+    options = yaml.safe_load(measuring_yaml(built, release, backend))
+    validate_options(options, release, backend, use_installed=False)
+    original = yaml.safe_load(built.read_text())
+    assert options.pop("kv_cache_config") == {
+        "free_gpu_memory_fraction": 0.8,
+        "enable_block_reuse": False,
+    }
+    original.pop("kv_cache_config")
+    assert options == original
 
 
 def test_schedule_translation():

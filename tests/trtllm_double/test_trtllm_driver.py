@@ -53,12 +53,23 @@ def test_driver_serves_each_k_with_builds_configs(
         assert spec["speculative_config"]["max_draft_len"] == 2
         assert "max_concurrency" not in spec["speculative_config"]  # tune measures ungated
         assert _json(f"{k2.base_url}/double/draft_len?batch=64") == {"draft_len": 2}
+        # measured with KV-cache block reuse off (tune resends its prompts every block); the
+        # build's own file, the one deployed, keeps TensorRT-LLM's default
+        served = _json(f"{k2.base_url}/double/options")
+        assert served["kv_cache_config"]["enable_block_reuse"] is False  # type: ignore[index]
+        assert {k: v for k, v in served.items() if k != "kv_cache_config"} == {  # type: ignore[union-attr]
+            k: v for k, v in spec.items() if k != "kv_cache_config"
+        }
+        assert "enable_block_reuse" not in spec.get("kv_cache_config", {})
         _json(f"{k2.base_url}/v1/completions", b"{}")
         assert len(_json(f"{k2.base_url}/metrics")) == 1
         assert _json(f"{k2.base_url}/metrics") == []  # drained on read
         base = driver.serve(0)
         assert driver.starts == 2 and base.base_url != k2.base_url
         assert _json(f"{base.base_url}/double/draft_len?batch=1") == {"draft_len": 0}
+        base_options = _json(f"{base.base_url}/double/options")
+        assert base_options["kv_cache_config"]["enable_block_reuse"] is False  # type: ignore[index]
+        assert "speculative_config" not in base_options  # type: ignore[operator]
         with pytest.raises(urllib.error.URLError):
             _json(f"{k2.base_url}/health")  # the k=2 server was stopped first
     assert (logs / "trtllm-k2.log").is_file() and (logs / "trtllm-k0.log").is_file()

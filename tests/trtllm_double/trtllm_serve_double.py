@@ -15,7 +15,8 @@ release it imitates (``1.0``, ``1.1``, ``1.2``, ``main``). Like the real command
 * logs ``double: started``/``ready``/``stopped`` lines with wall-clock times, the draft length,
   ``CUDA_VISIBLE_DEVICES`` and the Slurm job and step it ran in (tests read lifetimes from them);
 * honours a runtime gate only where the release does (:mod:`spectool.trtllm.gates`):
-  ``GET /double/draft_len?batch=N`` answers the draft length the engine would use at batch N.
+  ``GET /double/draft_len?batch=N`` answers the draft length the engine would use at batch N;
+* ``GET /double/options`` answers the options it loaded from ``--config``.
 """
 
 from __future__ import annotations
@@ -133,6 +134,8 @@ def main(argv: list[str]) -> int:
                 self._send(200, engine.drain())
             elif url.path == "/v1/models":
                 self._send(200, {"object": "list", "data": [{"id": args.model}]})
+            elif url.path == "/double/options":
+                self._send(200, options)
             elif url.path == "/double/draft_len":
                 batch = int(parse_qs(url.query)["batch"][0])
                 self._send(200, {"draft_len": draft_len(options, release, batch)})
