@@ -13,15 +13,27 @@ the side pruning rests on: predictions too pessimistic by ``1 - exp(p10)`` in on
 tune runs' predictions are those of the code they ran on: to judge a change to the predictor,
 run tune with it on the same workload and compare with the runs before.
 
+``--ranking`` prints the same statistic for draft lengths judged against a measured neighbour
+(:func:`spectool.decide.prune.ranking_residuals`: ``log(truth(k) / truth(k_m)) -
+log(predicted(k) / predicted(k_m))`` for every ``k`` a run did not measure, ``k_m`` the nearest
+it did), at batch 1 and batched: what tune's step 5b compares with. ``--write-ranking FILE``
+also writes its inputs (the sweep's truth, each run's predictions and measured draft lengths)
+as the fixture the shipped :data:`~spectool.decide.prune.RANKING_HIGH` is recomputed from
+(``tests/decide/data/k_ranking.json.gz``); ``--label`` names the workload in it (repeat the
+command per workload with the same ``FILE``: the records are added).
+
 Usage::
 
     python benchmarks/predictions_vs_sweep.py --sweep out/msweep --sweep out/msweep-c4 \\
         out/msweep/tune-0 out/msweep/tune-1 tune-demo
+    python benchmarks/predictions_vs_sweep.py --ranking --sweep out/ms-code --label code \\
+        --write-ranking tests/decide/data/k_ranking.json.gz out/ms-code/tune-9 out/ms-code/tune-10
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import statistics
@@ -29,7 +41,9 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from spectool.decide.prune import ranking_residuals
 from spectool.decide.sweep_judge import bracketed_speedups
+from spectool.io import atomic_write_bytes
 
 Key = tuple[str, int, int]  # method, concurrency, k
 
@@ -63,6 +77,54 @@ def run_predictions(run: Path) -> dict[Key, float]:
             if p["k"] > 0:
                 out[(method, p["concurrency"], p["k"])] = p["ratio"]
     return out
+
+
+def run_records(run: Path) -> list[dict[str, object]]:
+    """Per method and concurrency of a tune run: its predicted ratios ``{k: ratio}`` and the
+    draft lengths it measured (the inputs of :func:`spectool.decide.prune.ranking_residuals`)."""
+    files = sorted(run.glob("*/tune.json")) or [run / "tune.json"]
+    out: list[dict[str, object]] = []
+    for path in files:
+        data = json.loads(path.read_text())
+        method = data.get("setup", {}).get("method") or path.parent.name
+        measured: dict[int, list[int]] = {}
+        for cell in data.get("cells", []):
+            if cell["k"] > 0 and cell.get("verdict"):
+                measured.setdefault(cell["concurrency"], []).append(cell["k"])
+        predicted: dict[int, dict[str, float]] = {}
+        for p in data.get("predictions") or []:
+            if p["k"] > 0:
+                predicted.setdefault(p["concurrency"], {})[str(p["k"])] = p["ratio"]
+        for c, ratios in sorted(predicted.items()):
+            out.append(
+                {
+                    "run": run.name,
+                    "method": method,
+                    "concurrency": c,
+                    "predicted": ratios,
+                    "measured": sorted(measured.get(c, [])),
+                }
+            )
+    return out
+
+
+def write_ranking(
+    path: Path, label: str, truth: Mapping[Key, float], records: Sequence[Mapping[str, object]]
+) -> None:
+    """Add one workload's truth and records to the ranking fixture at ``path`` (gzip JSON)."""
+    data: dict[str, object] = {"format": "spectool-k-ranking/1", "workloads": []}
+    if path.exists():
+        data = json.loads(gzip.decompress(path.read_bytes()))
+    workloads = [w for w in data["workloads"] if w["label"] != label]  # type: ignore[attr-defined,index]
+    workloads.append(
+        {
+            "label": label,
+            "truth": [[m, c, k, r] for (m, c, k), r in sorted(truth.items())],
+            "runs": list(records),
+        }
+    )
+    data["workloads"] = workloads
+    atomic_write_bytes(path, gzip.compress(json.dumps(data, indent=1).encode(), mtime=0))
 
 
 def residuals(
@@ -102,6 +164,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sweep", type=Path, action="append", required=True)
     parser.add_argument("runs", type=Path, nargs="+", help="tune output folders")
     parser.add_argument("--json", type=Path, default=None, help="also write the summary here")
+    parser.add_argument("--ranking", action="store_true", help="against a measured neighbour")
+    parser.add_argument("--write-ranking", type=Path, default=None, help="the ranking fixture")
+    parser.add_argument("--label", default="workload", help="the workload's name in it")
     args = parser.parse_args(argv)
     benches = []
     for folder in args.sweep:
@@ -112,6 +177,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: {path}: {e}", file=sys.stderr)
             return 2
     truth = sweep_truth(benches)
+    if args.ranking or args.write_ranking is not None:
+        records = [r for run in args.runs for r in run_records(run)]
+        print("ranking: log(truth(k)/truth(k_m)) - log(predicted(k)/predicted(k_m)), k_m measured")
+        for kind, values in ranking_residuals(truth, records).items():
+            if values:
+                s = summary(values)
+                print(
+                    f"{kind:>8}: n={s['n']:>3}  mean {s['mean']:+.3f}  p10 {s['p10']:+.3f} "
+                    f"(high {math.exp(-s['p10']):.3f})  p90 {s['p90']:+.3f}"
+                )
+        if args.write_ranking is not None:
+            write_ranking(args.write_ranking, args.label, truth, records)
+        return 0
     runs = [run_predictions(run) for run in args.runs]
     if not any(runs):
         print("error: no predictions in the tune folders given", file=sys.stderr)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 
@@ -60,3 +61,47 @@ def test_a_missing_sweep_is_exit_2(tmp_path, capsys) -> None:  # noqa: ANN001
     assert bench.main(["--sweep", str(tmp_path / "none"), str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "none" in err
+
+
+def test_ranking_records_and_fixture_from_runs(tmp_path) -> None:  # noqa: ANN001
+    """A run's per-concurrency predictions and measured draft lengths, the ranking residual
+    against the nearest measured neighbour, and the fixture written per workload label."""
+    run = tmp_path / "tune-0"
+    (run / "draft_model").mkdir(parents=True)
+    (run / "draft_model" / "tune.json").write_text(
+        json.dumps(
+            {
+                "setup": {"method": "draft_model"},
+                "cells": [
+                    {"concurrency": 1, "k": 0, "verdict": None},
+                    {"concurrency": 1, "k": 4, "verdict": {"ratio": 0.8}},
+                ],
+                "predictions": [
+                    {"concurrency": 1, "k": k, "ratio": r}
+                    for k, r in ((0, 1.0), (2, 0.7), (4, 0.8))
+                ],
+            }
+        )
+    )
+    records = bench.run_records(run)
+    assert records == [
+        {
+            "run": "tune-0",
+            "method": "draft_model",
+            "concurrency": 1,
+            "predicted": {"2": 0.7, "4": 0.8},
+            "measured": [4],
+        }
+    ]
+    truth = {("draft_model", 1, 2): 0.6, ("draft_model", 1, 4): 0.8}
+    got = bench.ranking_residuals(truth, records)
+    # truth says k=2 is 0.75 of k=4, the model 0.875: 14% too pessimistic
+    assert got["batch1"] == pytest.approx([math.log(0.75) - math.log(0.875)])
+    assert got["batched"] == []
+    fixture = tmp_path / "k.json.gz"
+    bench.write_ranking(fixture, "code", truth, records)
+    bench.write_ranking(fixture, "prose", truth, records)
+    bench.write_ranking(fixture, "code", truth, records)  # replaced, not added twice
+    data = json.loads(gzip.decompress(fixture.read_bytes()))
+    assert [w["label"] for w in data["workloads"]] == ["prose", "code"]
+    assert data["workloads"][1]["truth"] == [["draft_model", 1, 2, 0.6], ["draft_model", 1, 4, 0.8]]

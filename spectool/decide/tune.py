@@ -32,6 +32,12 @@ an earlier, interrupted run are passed in and never measured again. The search, 
    draft lengths are chosen to be few (:func:`confirmation_cells`: a greedy hitting set, cells
    already measured first) and their cells are measured grouped by ``k``
    (:func:`server_order`).
+5b. **Neighbours** (servers that switch the draft length in place, where a cell costs blocks,
+   not a server start): at each concurrency the unmeasured ``k`` whose prediction, scaled by
+   its nearest measured neighbour's, could beat the choice by more than the tie margin within
+   the predictor's error against a neighbour is measured, the best one per concurrency
+   (:func:`~spectool.decide.prune.worth_measuring`; issue 21 point 4: a draft length within
+   the predictor's error is measured, not pruned). Judged on the cells of steps 1-5 only.
 6. **Decide** from measurements only, every measured cell included (finished ones too): at each
    concurrency, among the cells whose bootstrap interval lies below 1 (``pays``), the one with the
    lowest measured step cost over tokens per step from acceptance pooled across the
@@ -86,6 +92,7 @@ from spectool.decide.prune import (
     against_rival,
     left_to_prediction,
     prediction_error,
+    worth_measuring,
 )
 from spectool.decide.result import CellKey, PredictionCheck, TuneResult
 from spectool.decide.search import (
@@ -160,7 +167,8 @@ def tune(
 
     ``switches_in_place``: the server changes draft length without a restart (the embedded
     engine), so among the cells predicted within ``close_margin`` of a concurrency's best the
-    shorter draft is confirmed (:func:`~spectool.decide.search.confirmation_cells`).
+    shorter draft is confirmed (:func:`~spectool.decide.search.confirmation_cells`), and step
+    5b measures the draft lengths its neighbours say could still win.
     """
     concs = tuple(sorted(set(concurrencies)))
     if not concs or concs[0] < 1:
@@ -266,9 +274,14 @@ def tune(
             source=objective_source(objective),
         )
 
-    def decide() -> tuple[tuple[CellVerdict, ...], dict[int, int], dict[int, int]]:
-        verdicts = tuple(verdict(c, k, cell) for (c, k), cell in sorted(cells.items()) if k > 0)
-        ranking = ranking_ratios(cells, verdicts)
+    def decide(
+        only: set[CellKey] | None = None,
+    ) -> tuple[tuple[CellVerdict, ...], dict[int, int], dict[int, int]]:
+        """The verdicts and the choices (capped, uncapped), from every measured cell or from
+        those of ``only``."""
+        use = {key: cell for key, cell in cells.items() if only is None or key in only}
+        verdicts = tuple(verdict(c, k, cell) for (c, k), cell in sorted(use.items()) if k > 0)
+        ranking = ranking_ratios(use, verdicts)
         args = (concs, verdicts, ranking, min_gain, accept_inconclusive)
         return verdicts, final_choices(*args), final_choices(*args, cap=False)
 
@@ -298,6 +311,7 @@ def tune(
     model: StepCostModel | None = None
     predictions: tuple[CellPrediction, ...] = ()
     predicted_choices: dict[int, int] = {}
+    more: list[CellKey] = []  # step 5b's cells
     if alphas and any(o.k > 0 for o in observations) and len(base_step) == len(concs):
         model = fit_step_cost(observations)
         predictions = predict_grid(
@@ -323,10 +337,33 @@ def tune(
         wanted = confirmation_cells(
             writable, close_margin, measured=set(plan), shorter=switches_in_place
         )
+        contending = True
         for key in server_order(wanted, last_k=plan[-1][1]):
-            if not in_contention(wanted):
+            if not (contending := in_contention(wanted)):
                 break
             get(*key)
+        # Step 5b: a draft length the confirmed cells' neighbours say could beat the choice by
+        # more than the tie margin is measured. Judged on the plan's and the confirmations'
+        # cells only, so a resumed search (holding these cells too) wants the same ones.
+        stage = {key for key in (*plan, *wanted) if key in cells}
+        stage_verdicts, stage_choices, _ = decide(stage)
+        more, checks = worth_measuring(
+            predictions,
+            stage_verdicts,
+            stage_choices,
+            tie_margin=TIE_MARGIN,
+            close_margin=close_margin,
+            shorter=switches_in_place,
+        )
+        if not switches_in_place:  # a draft length measured again would be a server start
+            more, checks = [], []
+        by_prediction.update({(x.concurrency, x.k): x.predicted_ratio for x in checks})
+        last_k = measured_now[-1][1] if measured_now else None
+        for key in server_order(more, last_k=last_k) if contending else ():
+            if not in_contention(more):
+                break
+            get(*key)
+        prune_checks += [x for x in checks if (x.concurrency, x.k) in cells]
     else:
         notes.append(
             "no acceptance counts or step times: nothing to predict from, measured the full grid"
@@ -342,7 +379,11 @@ def tune(
         # that long at every concurrency that wanted more, so the writable options are measured.
         first = concs[0]
         wanted = []
-        for k1 in sorted(k for c, k in cells if c == first and k > 0):
+        # A draft length measured at the first concurrency for its neighbours' sake (step 5b)
+        # is a first value to try only when it is the choice there now.
+        firsts = {k for c, k in cells if c == first and k > 0}
+        firsts -= {k for c, k in more if c == first and k != choices[first]}
+        for k1 in sorted(firsts):
             for c in concs[1:]:
                 options = [p for p in predictions if p.concurrency == c and 1 <= p.k <= k1]
                 best = min(options, key=lambda p: (p.ratio, p.k), default=None)
