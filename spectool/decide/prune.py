@@ -427,7 +427,10 @@ def pruning_json(error: PredictionError | None, checks: Sequence[PruneCheck]) ->
         "rule": "a cell is left unmeasured against a rival only when the optimistic end of its "
         "prediction interval (predicted ratio / high) does not beat the rival's measured ratio, "
         "or when, with every cell it still wants there, the method's score would stay more than "
-        "the tie margin behind the best rival method's",
+        "the tie margin behind the best rival method's; a draft length beside a measured one is "
+        "judged by its prediction scaled by that neighbour's, with the error against a "
+        "neighbour, and measured (pruned false) where it could beat the choice by more than "
+        "the tie margin within it, on servers that switch the draft length in place",
         "checks": [x.to_json() for x in checks],
     }
 

@@ -342,28 +342,29 @@ def tune(
             if not (contending := in_contention(wanted)):
                 break
             get(*key)
-        # Step 5b: a draft length the confirmed cells' neighbours say could beat the choice by
-        # more than the tie margin is measured. Judged on the plan's and the confirmations'
-        # cells only, so a resumed search (holding these cells too) wants the same ones.
-        stage = {key for key in (*plan, *wanted) if key in cells}
-        stage_verdicts, stage_choices, _ = decide(stage)
-        more, checks = worth_measuring(
-            predictions,
-            stage_verdicts,
-            stage_choices,
-            tie_margin=TIE_MARGIN,
-            close_margin=close_margin,
-            shorter=switches_in_place,
-        )
-        if not switches_in_place:  # a draft length measured again would be a server start
-            more, checks = [], []
-        by_prediction.update({(x.concurrency, x.k): x.predicted_ratio for x in checks})
-        last_k = measured_now[-1][1] if measured_now else None
-        for key in server_order(more, last_k=last_k) if contending else ():
-            if not in_contention(more):
-                break
-            get(*key)
-        prune_checks += [x for x in checks if (x.concurrency, x.k) in cells]
+        # Step 5b (servers that switch in place: on the others a draft length measured again
+        # would be a server start): a draft length the confirmed cells' neighbours say could
+        # beat the choice by more than the tie margin is measured. Judged on the plan's and the
+        # confirmations' cells only, so a resumed search (holding these cells too) wants the
+        # same ones.
+        if switches_in_place and contending:
+            stage = {key for key in (*plan, *wanted) if key in cells}
+            stage_verdicts, stage_choices, _ = decide(stage)
+            more, checks = worth_measuring(
+                predictions,
+                stage_verdicts,
+                stage_choices,
+                tie_margin=TIE_MARGIN,
+                close_margin=close_margin,
+                shorter=True,
+            )
+            by_prediction.update({(x.concurrency, x.k): x.predicted_ratio for x in checks})
+            last_k = measured_now[-1][1] if measured_now else None
+            for key in server_order(more, last_k=last_k):
+                if not in_contention(more):
+                    break
+                get(*key)
+            prune_checks += [x for x in checks if (x.concurrency, x.k) in cells]
     else:
         notes.append(
             "no acceptance counts or step times: nothing to predict from, measured the full grid"
