@@ -45,10 +45,10 @@ against a measured neighbour: ``log(truth(k) / truth(k_m)) - log(predicted(k) /
 predicted(k_m))`` over every unmeasured ``k`` of the interleaved tune runs of 2026-12-05
 against the method sweeps of the same workloads (``tests/decide/data/k_ranking.json.gz``,
 written by ``benchmarks/predictions_vs_sweep.py --write-ranking``; :func:`ranking_residuals`),
-``k_m`` the nearest measured ``k`` at that concurrency (12 runs, 324 draft lengths). At batch 1
-the model is 11% too pessimistic about a neighbour in one case of ten (about its middle draft
-lengths: the mean is 5%), batched 4% (5% as shipped: the factors are rounded outwards;
-``tests/decide/test_prune.py`` recomputes them). The absolute error above is wider (21% for
+``k_m`` the nearest measured ``k`` at that concurrency (15 runs, 395 draft lengths). At batch 1
+the model is 10% too pessimistic about a neighbour in one case of ten (about its middle draft
+lengths: the mean is 4%), batched 5%; shipped rounded outwards (11% and 5%), and
+``tests/decide/test_prune.py`` recomputes them. The absolute error above is wider (21% for
 ``tpot``): it holds the machine's drift between the plan and the cells, which a measured
 neighbour shares.
 """
