@@ -187,10 +187,10 @@ def worth_measuring(
         if not near:
             continue
         best = min(near.values())
-        k = min(
-            (k for k, r in near.items() if not shorter or r <= best * (1.0 + close_margin)),
-            key=lambda k: (k, 0.0) if shorter else (near[k], k),
-        )
+        if shorter:  # the shortest within close_margin of the best
+            k = min(k for k, r in near.items() if r <= best * (1.0 + close_margin))
+        else:
+            k = min(near, key=lambda k: (near[k], k))
         wanted.append((c, k))
         checks.append(
             PruneCheck(
