@@ -67,16 +67,12 @@ def sweep_truth(benchmarks: Iterable[Mapping[str, object]]) -> dict[Key, float]:
 
 def run_predictions(run: Path) -> dict[Key, float]:
     """A tune run's predicted ratios per (method, concurrency, k > 0), from every method's
-    ``tune.json`` (a single-method run: its own)."""
-    files = sorted(run.glob("*/tune.json")) or [run / "tune.json"]
-    out: dict[Key, float] = {}
-    for path in files:
-        data = json.loads(path.read_text())
-        method = data.get("setup", {}).get("method") or path.parent.name
-        for p in data.get("predictions") or []:
-            if p["k"] > 0:
-                out[(method, p["concurrency"], p["k"])] = p["ratio"]
-    return out
+    ``tune.json`` (a single-method run: its own; :func:`run_records`)."""
+    return {
+        (str(r["method"]), int(r["concurrency"]), int(k)): ratio  # type: ignore[call-overload]
+        for r in run_records(run)
+        for k, ratio in r["predicted"].items()  # type: ignore[attr-defined]
+    }
 
 
 def run_records(run: Path) -> list[dict[str, object]]:
