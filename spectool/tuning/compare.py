@@ -41,6 +41,7 @@ from spectool.tuning.outcome import CellKey, TuneOutcome
 from spectool.tuning.report import DASH
 from spectool.tuning.request import ResolvedTune, TuneRequest, resolve
 from spectool.tuning.setup import PLOT_NAMES, REPORT_NAME, has_results
+from spectool.tuning.time_spent import TimeSpent, time_markdown, time_spent
 
 DEFAULT_PROFILE = "demo"
 DuelFn = Callable[[TuneOutcome, TuneOutcome, Sequence[int]], Sequence[DuelEstimate]]
@@ -168,6 +169,7 @@ def write_comparison(
     from spectool.tuning.joint import out_raced_lines
 
     chosen = next(o for o in outcomes if o.resolved.method == choice.chosen)
+    spent = time_spent({o.resolved.method: o.out for o in outcomes})
     deployment = write_deployment(
         chosen.resolved, chosen.result, top, extra={"methods": choice.to_json()}
     )
@@ -181,17 +183,21 @@ def write_comparison(
                 "decision": o.result.to_decision_json(),
                 "cells_measured": len(o.result.measured_now) + len(o.result.reused),
                 "wall_s": o.wall_s,
+                "measured_s": spent.of(o.resolved.method),
             }
             for o in outcomes
         },
         "comparison": choice.to_json(),
+        "time": spent.to_json(),
         "design": "together" if together else "one method after another",
     }
     files.append(atomic_write_text(top / COMPARISON_NAME, json.dumps(summary, indent=2) + "\n"))
     files.append(
         atomic_write_text(
             top / REPORT_NAME,
-            comparison_markdown(outcomes, choice, together=together, raced=out_raced_lines(top)),
+            comparison_markdown(
+                outcomes, choice, together=together, raced=out_raced_lines(top), spent=spent
+            ),
         )
     )
     return list(dict.fromkeys(files))
@@ -215,10 +221,11 @@ def comparison_markdown(
     *,
     together: bool = False,
     raced: Sequence[str] = (),
+    spent: TimeSpent | None = None,
 ) -> str:
     """The report a user opens: the method deployed and why first, then per concurrency each
-    method's chosen cell and the winner, every method's figures (from its folder) and where each
-    method's own report is."""
+    method's chosen cell and the winner, where the measuring time went (``spent``), every
+    method's figures (from its folder) and where each method's own report is."""
     methods = [o.resolved.method for o in outcomes]
     first = outcomes[0]
     chosen = next(o for o in outcomes if o.resolved.method == choice.chosen)
@@ -274,7 +281,7 @@ def comparison_markdown(
         f"1 +- {TIE_MARGIN:.0%} (a proven tie: the cheapest to serve is deployed), *worse* when "
         "the method is proven slower, *uncertain* otherwise (never read as a tie).",
         "",
-        "| method | geometric-mean ratio | vs best | standing | speculates at | cells | run (s) "
+        "| method | geometric-mean ratio | vs best | standing | speculates at | cells | blocks (s) "
         "| report |",
         "|---|---:|---|---|---|---:|---:|---|",
     ]
@@ -291,7 +298,7 @@ def comparison_markdown(
         )
         lines.append(
             f"| {m} | {s.mean_ratio:.3f} | {vs} | {s.standing} | {at} | {cells} | "
-            f"{o.wall_s:.0f} | [{m}/report.md]({m}/report.md) |"
+            f"{_seconds(spent, m)} | [{m}/report.md]({m}/report.md) |"
         )
     if choice.duel:
         lines += [
@@ -327,7 +334,16 @@ def comparison_markdown(
     if notes:
         lines += ["", "Pruned by prediction against a rival (or measured within its error):", ""]
         lines += [f"- {n}" for n in notes]
+    if spent is not None:
+        lines += time_markdown(spent, methods)
     return "\n".join([*lines, *_figures(outcomes, choice.chosen)]) + "\n"
+
+
+def _seconds(spent: TimeSpent | None, method: str) -> str:
+    """The seconds of ``method``'s speculative blocks, as the methods table shows them."""
+    if spent is None or not any(a == method for _, a in spent.seconds):
+        return DASH
+    return f"{spent.of(method):.0f}"
 
 
 def _figures(outcomes: Sequence[TuneOutcome], chosen: str) -> list[str]:
