@@ -14,7 +14,9 @@ planned cells) decide two kinds of prune:
   :mod:`spectool.decide.methods`) would stay more than the tie margin behind the best earlier
   method's even if every cell it still wants came in at the optimistic end of its interval
   cannot be deployed, nor tie: those cells are not confirmed. Per concurrency a cell may well
-  beat the rival there; what a deployment runs is one method at every concurrency.
+  beat the rival there; what a deployment runs is one method at every concurrency. A cell at a
+  concurrency where the method measured a draft length is judged beside it
+  (:func:`neighbour_bound`, the ranking error below), the others on their own.
 * **Draft lengths left to prediction** (:func:`worth_measuring`, :func:`left_to_prediction`):
   the search confirms one cell per concurrency; every other ``k`` is judged by its prediction
   *scaled by its nearest measured neighbour's* (:func:`calibrated`: the model's error at one
@@ -56,7 +58,7 @@ neighbour shares.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -322,55 +324,70 @@ def against_best_method(
     rival_score: float,
     error: PredictionError,
     tie_margin: float,
+    errors: Mapping[tuple[int, int], PredictionError] | None = None,
 ) -> tuple[bool, list[PruneCheck], list[str]]:
     """Whether ``method`` can still be deployed: ``holds`` is, per concurrency, the ratio its
     measured cells give it now (1.0 when off), ``wanted`` the predicted ratio of each cell
-    ``(c, k)`` it would confirm. The bar is the best earlier method's score times ``1 +
-    tie_margin``: a method above it is neither the best nor equivalent to it
-    (:func:`spectool.decide.methods.choose_method`). ``needed`` is the share by which every
-    wanted cell's prediction would have to be too pessimistic, all at once, to bring the score
-    to the bar; the cells are pruned when that exceeds the predictor's measured error, i.e.
-    when even the interval's optimistic ends leave the method behind. Returns (pruned, a check
-    per wanted cell, a note when pruned)."""
+    ``(c, k)`` it would confirm, its error in ``errors`` (beside a measured neighbour, the
+    :func:`ranking_error`), else ``error``. Pruned when even with every cell at the optimistic
+    end of its interval the score stays above the bar, the best earlier method's score times
+    ``1 + tie_margin`` (neither the best nor equivalent: :mod:`spectool.decide.methods`).
+    ``needed``: the share by which every prediction would have to be too pessimistic, all at
+    once, to reach the bar. Returns (pruned, a check per wanted cell, a note when pruned)."""
     if not wanted:
         return False, [], []
     concs = sorted(holds)
     bar = rival_score * (1.0 + tie_margin)
+    margins = {key: (errors or {}).get(key, error).margin for key in wanted}
 
-    def score(shrink: float) -> float:
+    def score(shrink: Callable[[tuple[int, int]], float]) -> float:
         per_c = dict(holds)
-        for (c, _k), ratio in wanted.items():
-            per_c[c] = min(per_c[c], 1.0, ratio * (1.0 - shrink))
+        for (c, k), ratio in wanted.items():
+            per_c[c] = min(per_c[c], 1.0, ratio * (1.0 - shrink((c, k))))
         return math.exp(sum(math.log(per_c[c]) for c in concs) / len(concs))
 
-    if score(0.0) <= bar:
+    if score(lambda _key: 0.0) <= bar:
         needed = 0.0
     else:
         low, high = 0.0, 1.0  # score(high) -> 0 < bar: bisect the share that reaches the bar
         for _ in range(60):
             mid = (low + high) / 2.0
-            low, high = (mid, high) if score(mid) > bar else (low, mid)
+            low, high = (mid, high) if score(lambda _key, m=mid: m) > bar else (low, mid)
         needed = high
-    pruned = needed > error.margin
+    optimistic = score(margins.__getitem__)
+    pruned = optimistic > bar
     checks = [
-        PruneCheck("method", c, k, r, r * (1.0 - needed), needed, error.margin, pruned)
+        PruneCheck("method", c, k, r, r * (1.0 - needed), needed, margins[(c, k)], pruned)
         for (c, k), r in sorted(wanted.items())
     ]
     if not pruned:
         return False, checks, []
     cells = ", ".join(f"c={c} k={k} ({r:.3f})" for (c, k), r in sorted(wanted.items()))
+    near = sorted({margins[key] for key in wanted if errors and key in errors})
+    error_text = f"{error.margin:.0%}" + (
+        f"; against a measured neighbour {', '.join(f'{m:.0%}' for m in near)}" if near else ""
+    )
     return (
         True,
         checks,
         [
             f"not confirmed: {cells}; even with each at the optimistic end of its prediction "
-            f"interval, {method}'s score would be {score(error.margin):.3f} against {rival_method}'s "
+            f"interval, {method}'s score would be {optimistic:.3f} against {rival_method}'s "
             f"{rival_score:.3f}, more than the {tie_margin:.0%} tie margin behind that rival method, "
             f"so {method} could be neither deployed nor tied. The predictions would have to be "
             f"{needed:.0%} too pessimistic, all of them, to change that (the predictor's measured "
-            f"error: {error.margin:.0%})"
+            f"error: {error_text})"
         ],
     )
+
+
+def neighbour_bound(
+    predictions: Sequence[CellPrediction], verdicts: Sequence[CellVerdict]
+) -> dict[tuple[int, int], float]:
+    """:func:`calibrated` by the measured cells' interval *low* ends: the ranking error holds
+    the model's error against a neighbour's truth, not the neighbour's own measurement error,
+    so a prune that rests on a neighbour takes its interval's optimistic end."""
+    return calibrated(predictions, {(v.concurrency, v.k): v.ci_low for v in verdicts})
 
 
 def left_to_prediction(

@@ -91,7 +91,9 @@ from spectool.decide.prune import (
     against_best_method,
     against_rival,
     left_to_prediction,
+    neighbour_bound,
     prediction_error,
+    ranking_error,
     worth_measuring,
 )
 from spectool.decide.result import CellKey, PredictionCheck, TuneResult
@@ -288,19 +290,25 @@ def tune(
     def in_contention(wanted: Sequence[CellKey]) -> bool:
         """Whether this method can still be deployed before its next confirmation cell: the
         cells of ``wanted`` not measured yet against the best earlier method's score, with
-        every cell measured so far (:func:`~spectool.decide.prune.against_best_method`). Checked
-        before each cell, so a resumed search, and the joint design's repeated dry searches,
-        stop where an uninterrupted one does."""
+        every cell measured so far (:func:`~spectool.decide.prune.against_best_method`). A cell
+        at a concurrency where this method measured a draft length is judged by its prediction
+        scaled by that neighbour's interval's low end, with the ranking error
+        (:func:`~spectool.decide.prune.neighbour_bound`), the others by their own prediction
+        and ``error``. Checked before each cell, so a resumed search, and the joint design's
+        repeated dry searches, stop where an uninterrupted one does."""
         if not isinstance(rival, Rival):
             return True
-        pending = {key: by_prediction[key] for key in wanted if key not in cells}
-        if not pending:
+        keys = [key for key in wanted if key not in cells]
+        if not keys:
             return True
         verdicts_now, held, _ = decide()
         ratio_of = {(v.concurrency, v.k): v.ratio for v in verdicts_now}
         holds = {c: ratio_of[(c, k)] if k > 0 else 1.0 for c, k in held.items()}
+        near = neighbour_bound(predictions, verdicts_now)
+        pending = {key: near.get(key, by_prediction[key]) for key in keys}
+        errors = {key: ranking_error(key[0]) for key in keys if key in near}
         pruned, checks, pruned_notes = against_best_method(
-            method, holds, pending, rival.method, rival.score, error, TIE_MARGIN
+            method, holds, pending, rival.method, rival.score, error, TIE_MARGIN, errors
         )
         if pruned:
             prune_checks.extend(checks)

@@ -176,6 +176,15 @@ def test_a_method_that_cannot_reach_the_best_rivals_score_confirms_nothing() -> 
     checks = [x for x in out.prune_checks if x.kind == "method"]
     assert checks and all(x.pruned and x.needed > STEPS.margin for x in checks)
     assert {(x.concurrency, x.k) for x in checks}.isdisjoint(out_calls)
+    # a cell where the plan measured a draft length is judged beside it, the others alone
+    from spectool.decide.prune import ranking_error
+
+    beside = {c for c, k in out_calls if k > 0}
+    assert {x.error for x in checks if x.concurrency in beside} <= {
+        ranking_error(c).margin for c in beside
+    }
+    assert {x.error for x in checks if x.concurrency not in beside} <= {STEPS.margin}
+    assert any(x.concurrency in beside for x in checks)
     lines = pruning_markdown(out.prediction_error, out.prune_checks)
     assert any(line.startswith("| rival's score |") for line in lines)
 
@@ -198,6 +207,40 @@ def test_the_score_prune_boundary_is_the_measured_error(offset: float) -> None:
     assert check.needed == pytest.approx(need, abs=1e-6)
     assert check.against_ratio == pytest.approx(0.8 * (1.0 - need), abs=1e-6)
     assert pruned == check.pruned == (offset > 0) == bool(notes)
+
+
+def test_a_cell_beside_a_measured_neighbour_is_pruned_at_the_ranking_error() -> None:
+    """The same cell, the same rival: predicted 0.80 where 20% too pessimistic would reach the
+    bar. On its own (error 21%) it is measured; judged beside a measured neighbour (the ranking
+    error, 5% batched) it is pruned, and the note names both errors."""
+    from spectool.decide.methods import TIE_MARGIN
+    from spectool.decide.prune import against_best_method, ranking_error
+
+    holds = {1: 0.6, 4: 1.0, 16: 1.0}
+    rival = (0.6 * 0.8 * 0.8) ** (1 / 3) / (1.0 + TIE_MARGIN)  # the bar: the cell at 0.64
+    wanted = {(4, 2): 0.8}
+    alone, _, _ = against_best_method("ngram", holds, wanted, "dm", rival, STEPS, TIE_MARGIN)
+    errors = {(4, 2): ranking_error(4)}
+    near, (check,), notes = against_best_method(
+        "ngram", holds, wanted, "dm", rival, STEPS, TIE_MARGIN, errors
+    )
+    assert STEPS.margin > 0.2 > ranking_error(4).margin
+    assert not alone and near and check.pruned
+    assert check.error == ranking_error(4).margin and check.needed == pytest.approx(0.2, abs=1e-6)
+    assert f"{STEPS.margin:.0%}; against a measured neighbour 5%" in notes[0]
+
+
+def test_the_neighbour_bound_scales_by_the_neighbours_interval_low_end() -> None:
+    """k=1 predicted 0.95 beside k=3 predicted 0.94 and measured 1.00 (interval 0.90-1.10): the
+    bound is 0.95 x 0.90 / 0.94, not 0.95 x 1.00 / 0.94."""
+    from types import SimpleNamespace
+
+    from spectool.decide.prune import neighbour_bound
+
+    preds = [SimpleNamespace(concurrency=4, k=k, ratio=r) for k, r in ((1, 0.95), (3, 0.94))]
+    verdicts = [SimpleNamespace(concurrency=4, k=3, ratio=1.0, ci_low=0.9)]
+    assert neighbour_bound(preds, verdicts) == {(4, 1): pytest.approx(0.95 * 0.9 / 0.94)}
+    assert neighbour_bound(preds, []) == {}
 
 
 RANKING = Path(__file__).parent / "data" / "k_ranking.json.gz"
