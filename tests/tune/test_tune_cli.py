@@ -25,6 +25,7 @@ import pytest
 
 from spectool.cli.app import main
 from spectool.decide.model import break_even_concurrency, capped_choices
+from spectool.decide.verdict import TIE_MARGIN
 from spectool.deploy.decision import parse_decision
 from spectool.deploy.manifest import read_manifest
 
@@ -247,16 +248,24 @@ def test_decision_json_is_valid_and_consistent(tuned: dict[str, Any]) -> None:
         )
         assert cell["verdict"] == expected
     first = min(decision.schedule)
+
+    def gains(cell: dict) -> bool:
+        """Measured to pay, or an uncertain gain (inconclusive, its estimate more than the tie
+        margin below 1: deployed on its estimate, spectool.decide.choose.unproven_gain)."""
+        return cell["verdict"] == "pays" or (
+            cell["verdict"] == "inconclusive" and cell["ratio"] < 1.0 - TIE_MARGIN
+        )
+
     for c, k in decision.schedule.items():
-        if k > 0 and c == first and cells[(c, k)]["verdict"] == "inconclusive":
-            # kept only because it lets a larger concurrency use a cell that pays
+        if k > 0 and c == first and not gains(cells[(c, k)]):
+            # kept only because it lets a larger concurrency use a cell that gains
             assert any(
-                kk > 0 and cells[(cc, kk)]["verdict"] == "pays"
+                kk > 0 and gains(cells[(cc, kk)])
                 for cc, kk in decision.schedule.items()
                 if cc != first
             )
-        elif k > 0:  # otherwise only a cell measured to pay is ever chosen
-            assert cells[(c, k)]["verdict"] == "pays"
+        elif k > 0:  # otherwise only a cell measured to gain is ever chosen
+            assert gains(cells[(c, k)])
         else:  # off: no measured cell paid, or the schedule's cap ruled it out
             paying = [
                 kk for (cc, kk), cell in cells.items() if cc == c and cell["verdict"] == "pays"
