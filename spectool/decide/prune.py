@@ -58,7 +58,7 @@ neighbour shares.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -340,21 +340,21 @@ def against_best_method(
     bar = rival_score * (1.0 + tie_margin)
     margins = {key: (errors or {}).get(key, error).margin for key in wanted}
 
-    def score(shrink: Callable[[tuple[int, int]], float]) -> float:
+    def score(shrink: Mapping[tuple[int, int], float]) -> float:
         per_c = dict(holds)
         for (c, k), ratio in wanted.items():
-            per_c[c] = min(per_c[c], 1.0, ratio * (1.0 - shrink((c, k))))
+            per_c[c] = min(per_c[c], 1.0, ratio * (1.0 - shrink[(c, k)]))
         return math.exp(sum(math.log(per_c[c]) for c in concs) / len(concs))
 
-    if score(lambda _key: 0.0) <= bar:
+    if score(dict.fromkeys(wanted, 0.0)) <= bar:
         needed = 0.0
     else:
         low, high = 0.0, 1.0  # score(high) -> 0 < bar: bisect the share that reaches the bar
         for _ in range(60):
             mid = (low + high) / 2.0
-            low, high = (mid, high) if score(lambda _key, m=mid: m) > bar else (low, mid)
+            low, high = (mid, high) if score(dict.fromkeys(wanted, mid)) > bar else (low, mid)
         needed = high
-    optimistic = score(margins.__getitem__)
+    optimistic = score(margins)
     pruned = optimistic > bar
     checks = [
         PruneCheck("method", c, k, r, r * (1.0 - needed), needed, margins[(c, k)], pruned)
