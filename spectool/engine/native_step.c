@@ -4,20 +4,22 @@
  * Why: on CPU at decode sizes, PyTorch's eager operators cost 1-5 us each and a step of the demo
  * target makes about 1,280 of them; the matrix work is a third of the step (issue 27). Here a
  * forward of N rows through every layer is one call: float16 weights ([out, in], converted to
- * float32 in registers with F16C), float32 activations, sums and KV cache, AVX2 + FMA.
+ * float32 in registers with F16C), float32 activations, sums and KV cache, AVX2 + FMA (and
+ * AVX-512VL's 32 registers for products of several rows, where the CPU has them).
  *
  * Exactness: every number a row produces is computed by the same sequence of operations
  * whatever N is and whichever rows share the call (each dot product has its own accumulator;
- * rows are blocked in pairs only to share weight loads). So a verify pass of k + 1 rows gives
- * bit for bit the logits that k + 1 single-row steps give, and greedy speculative decoding
- * repeats plain greedy decoding exactly. Build without -ffast-math and with -ffp-contract=off:
- * the compiler must not reorder sums or fuse the scalar multiply-adds.
+ * rows are blocked, two or up to six, only to share weight loads). So a verify pass of k + 1
+ * rows gives bit for bit the logits that k + 1 single-row steps give, and greedy speculative
+ * decoding repeats plain greedy decoding exactly. Build without -ffast-math and with
+ * -ffp-contract=off: the compiler must not reorder sums or fuse the scalar multiply-adds.
  *
  * Semantics are those of spectool.engine.model.Transformer.forward with a KV cache: each row
  * (slot, position) first writes its keys and values at that slot and position, then attends to
  * positions 0 .. its own of its slot. A row with position -1 is padding: nothing written, its
  * output is zeros.
  */
+#include <cpuid.h>
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -43,7 +45,7 @@ typedef struct {
     int64_t max_pos;
 } Model;
 
-int spectool_native_abi(void) { return 3; }
+int spectool_native_abi(void) { return 4; }
 
 /* An optional profile for benchmarks (off unless spectool_profile turned it on): nanoseconds
  * spent in the layers' weight products, in whole spectool_forward calls (their count too) and
@@ -93,67 +95,130 @@ static inline float dot1(const float *x, const uint16_t *w, int64_t in) {
     return hsum(a);
 }
 
-/* y[r, j] = sum_i x[r, i] w[j, i] (+ y[r, j] when add): rows in pairs, outputs in fours, each
- * (row, output) accumulated exactly as dot1 does. in % 8 == 0. */
-static void matmul_rows(const float *x, int64_t n, int64_t in, const uint16_t *w, int64_t out,
-                        float *y, int add) {
-    int64_t j = 0;
-    prefetch(w, (out < 8 ? out : 8) * in);
-    for (; j + 4 <= out; j += 4) {
-        const uint16_t *w0 = w + j * in, *w1 = w0 + in, *w2 = w1 + in, *w3 = w2 + in;
-        /* the weights two blocks ahead, requested now: the product is bound by memory, and
-         * asking early (about 2x faster than the hardware prefetcher alone at batch 1 here) */
-        if (j + 12 <= out) prefetch(w0 + 8 * in, 4 * in);
-        int64_t r = 0;
-        for (; r + 2 <= n; r += 2) {
-            const float *x0 = x + r * in, *x1 = x0 + in;
-            __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
-            __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
-            for (int64_t i = 0; i < in; i += 8) {
-                __m256 v0 = _mm256_loadu_ps(x0 + i), v1 = _mm256_loadu_ps(x1 + i);
-                __m256 h0 = load_h(w0 + i), h1 = load_h(w1 + i);
-                __m256 h2 = load_h(w2 + i), h3 = load_h(w3 + i);
-                a00 = _mm256_fmadd_ps(h0, v0, a00);
-                a01 = _mm256_fmadd_ps(h1, v0, a01);
-                a02 = _mm256_fmadd_ps(h2, v0, a02);
-                a03 = _mm256_fmadd_ps(h3, v0, a03);
-                a10 = _mm256_fmadd_ps(h0, v1, a10);
-                a11 = _mm256_fmadd_ps(h1, v1, a11);
-                a12 = _mm256_fmadd_ps(h2, v1, a12);
-                a13 = _mm256_fmadd_ps(h3, v1, a13);
-            }
-            float *y0 = y + r * out + j, *y1 = y0 + out;
-            if (add) {
-                y0[0] += hsum(a00); y0[1] += hsum(a01); y0[2] += hsum(a02); y0[3] += hsum(a03);
-                y1[0] += hsum(a10); y1[1] += hsum(a11); y1[2] += hsum(a12); y1[3] += hsum(a13);
-            } else {
-                y0[0] = hsum(a00); y0[1] = hsum(a01); y0[2] = hsum(a02); y0[3] = hsum(a03);
-                y1[0] = hsum(a10); y1[1] = hsum(a11); y1[2] = hsum(a12); y1[3] = hsum(a13);
-            }
-        }
-        for (; r < n; r++) {
-            const float *x0 = x + r * in;
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (int64_t i = 0; i < in; i += 8) {
-                __m256 v0 = _mm256_loadu_ps(x0 + i);
-                a0 = _mm256_fmadd_ps(load_h(w0 + i), v0, a0);
-                a1 = _mm256_fmadd_ps(load_h(w1 + i), v0, a1);
-                a2 = _mm256_fmadd_ps(load_h(w2 + i), v0, a2);
-                a3 = _mm256_fmadd_ps(load_h(w3 + i), v0, a3);
-            }
-            float *y0 = y + r * out + j;
-            if (add) {
-                y0[0] += hsum(a0); y0[1] += hsum(a1); y0[2] += hsum(a2); y0[3] += hsum(a3);
-            } else {
-                y0[0] = hsum(a0); y0[1] = hsum(a1); y0[2] = hsum(a2); y0[3] = hsum(a3);
-            }
+/* One row times the four outputs w0 .. w0 + 3 in (see rows_x4), the same sums: a one-row
+ * product (every decode step at batch 1) ran 1.4-1.6x slower through rows_x4 with R = 1
+ * compiled for 16 registers, here. */
+static inline __attribute__((always_inline)) void
+row_x4(const float *x, int64_t in, const uint16_t *w0, float *y, int add) {
+    const uint16_t *w1 = w0 + in, *w2 = w1 + in, *w3 = w2 + in;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t i = 0; i < in; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        a0 = _mm256_fmadd_ps(load_h(w0 + i), v, a0);
+        a1 = _mm256_fmadd_ps(load_h(w1 + i), v, a1);
+        a2 = _mm256_fmadd_ps(load_h(w2 + i), v, a2);
+        a3 = _mm256_fmadd_ps(load_h(w3 + i), v, a3);
+    }
+    if (add) {
+        y[0] += hsum(a0); y[1] += hsum(a1); y[2] += hsum(a2); y[3] += hsum(a3);
+    } else {
+        y[0] = hsum(a0); y[1] = hsum(a1); y[2] = hsum(a2); y[3] = hsum(a3);
+    }
+}
+
+/* R rows (2 <= R <= 6, a constant once inlined) times the four outputs w0 .. w0 + 3 in of
+ * y[r, j] = sum_i x[r, i] w[j, i] (+ y[r, j] when add): each widened weight vector serves R
+ * rows. Each (row, output) is one accumulator over i in steps of 8, reduced in hsum's order:
+ * bit for bit dot1, whatever R. in % 8 == 0. */
+static inline __attribute__((always_inline)) void
+rows_x4(const int R, const float *x, int64_t in, const uint16_t *w0, int64_t out, float *y,
+        int add) {
+    __m256 a[6][4];
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int o = 0; o < 4; o++) a[r][o] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < in; i += 8) {
+        __m256 h[4];
+#pragma GCC unroll 4
+        for (int o = 0; o < 4; o++) h[o] = load_h(w0 + o * in + i);
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) {
+            const __m256 v = _mm256_loadu_ps(x + r * in + i);
+#pragma GCC unroll 4
+            for (int o = 0; o < 4; o++) a[r][o] = _mm256_fmadd_ps(h[o], v, a[r][o]);
         }
     }
-    for (; j < out; j++)
-        for (int64_t r = 0; r < n; r++) {
-            float v = dot1(x + r * in, w + j * in, in);
-            if (add) y[r * out + j] += v; else y[r * out + j] = v;
-        }
+    /* a row's four sums at once, paired exactly as hsum pairs them: low + high halves, then
+     * neighbours, then the two pairs (hadd adds neighbours; a + b == b + a bit for bit) */
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) {
+        const __m256 m01 = _mm256_add_ps(_mm256_permute2f128_ps(a[r][0], a[r][1], 0x20),
+                                         _mm256_permute2f128_ps(a[r][0], a[r][1], 0x31));
+        const __m256 m23 = _mm256_add_ps(_mm256_permute2f128_ps(a[r][2], a[r][3], 0x20),
+                                         _mm256_permute2f128_ps(a[r][2], a[r][3], 0x31));
+        const __m256 h = _mm256_hadd_ps(m01, m23); /* [a0 01, a0 23, a2 01, a2 23 | a1, a3] */
+        const __m256 s = _mm256_hadd_ps(h, h);     /* [a0, a2, a0, a2 | a1, a3, a1, a3] */
+        __m128 sums = _mm_unpacklo_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+        float *yr = y + r * out;
+        if (add) sums = _mm_add_ps(_mm_loadu_ps(yr), sums);
+        _mm_storeu_ps(yr, sums);
+    }
+}
+
+/* y[r, j] = sum_i x[r, i] w[j, i] (+ y[r, j] when add) for r < n, j < out: outputs in fours,
+ * rows in blocks of up to MAX (rows_x4), the last outputs one by one (dot1). With AVX2's 16
+ * vector registers MAX is 2 (8 accumulators, 4 weights, a row); AVX-512VL's 32 (still 256-bit
+ * vectors: the same lanes and order) hold 6 rows' 24 accumulators, so a verify pass of 5 rows
+ * widens each weight once instead of three times (about 1.1-1.2x at 5-8 rows and in a prefill
+ * here). */
+#define MATMUL_ROWS(NAME, MAX, ATTR)                                                          \
+    static __attribute__((noinline)) ATTR void NAME(const float *x, int64_t n, int64_t in,   \
+                                                    const uint16_t *w, int64_t out, float *y, \
+                                                    int add) {                               \
+        int64_t j = 0;                                                                       \
+        prefetch(w, (out < 8 ? out : 8) * in);                                               \
+        for (; j + 4 <= out; j += 4) {                                                       \
+            const uint16_t *w0 = w + j * in;                                                 \
+            /* the weights two blocks ahead, requested now: at one row the product is bound  \
+             * by memory (asking early is about 2x the hardware prefetcher alone here) */    \
+            if (j + 12 <= out) prefetch(w0 + 8 * in, 4 * in);                                \
+            for (int64_t r = 0; r < n;) {                                                    \
+                const float *xr = x + r * in;                                                \
+                float *yr = y + r * out + j;                                                 \
+                switch (n - r < MAX ? n - r : MAX) {                                         \
+                case 1: row_x4(xr, in, w0, yr, add); r += 1; break;                          \
+                case 2: rows_x4(2, xr, in, w0, out, yr, add); r += 2; break;                 \
+                case 3: rows_x4(3, xr, in, w0, out, yr, add); r += 3; break;                 \
+                case 4: rows_x4(4, xr, in, w0, out, yr, add); r += 4; break;                 \
+                case 5: rows_x4(5, xr, in, w0, out, yr, add); r += 5; break;                 \
+                default: rows_x4(6, xr, in, w0, out, yr, add); r += 6; break;                \
+                }                                                                            \
+            }                                                                                \
+        }                                                                                    \
+        for (; j < out; j++)                                                                 \
+            for (int64_t r = 0; r < n; r++) {                                                \
+                float v = dot1(x + r * in, w + j * in, in);                                  \
+                if (add) y[r * out + j] += v; else y[r * out + j] = v;                       \
+            }                                                                                \
+    }
+
+MATMUL_ROWS(matmul_rows, 2, )
+MATMUL_ROWS(matmul_rows_wide, 6, __attribute__((target("avx2,fma,f16c,avx512f,avx512vl"))))
+
+static int wide_ok = -1; /* -1: not asked yet; 0: matmul_rows (two rows); 1: matmul_rows_wide */
+
+/* AVX-512F and VL (CPUID leaf 7), with the OS saving their registers (XCR0: SSE, AVX, the
+ * opmask and the upper ZMM halves and ZMM16-31). Asked directly: GCC's __builtin_cpu_supports
+ * links libgcc's CPU model tables into this library, and with them a one-row product took
+ * 1.2-1.4x the time here without the wide kernel ever running (separate processes,
+ * interleaved; why was not established). */
+static int wide_supported(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(b & (1u << 16)) || !(b & (1u << 31)))
+        return 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return 0; /* OSXSAVE */
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & 0xe6) == 0xe6;
+}
+
+/* on = 1: products use matmul_rows_wide where the CPU supports it; 0: matmul_rows, two rows a
+ * block (what a CPU without AVX-512VL runs; tests compare the two); -1: unchanged. Returns
+ * whether the wide kernel is in use. */
+int spectool_wide_rows(int on) {
+    if (wide_ok < 0 || on >= 0) wide_ok = on != 0 && wide_supported();
+    return wide_ok;
 }
 
 /* matmul_rows over chunks of rows whose activations stay in L2 (128 KB): for each block of
@@ -165,8 +230,14 @@ static void matmul_(const float *x, int64_t n, int64_t in, const uint16_t *w, in
                    float *y, int add) {
     int64_t chunk = 32768 / in;
     chunk = chunk < 8 ? 8 : chunk - chunk % 2;
-    for (int64_t r = 0; r < n; r += chunk)
-        matmul_rows(x + r * in, n - r < chunk ? n - r : chunk, in, w, out, y + r * out, add);
+    if (wide_ok < 0) wide_ok = wide_supported();
+    for (int64_t r = 0; r < n; r += chunk) {
+        const int64_t rows = n - r < chunk ? n - r : chunk;
+        if (wide_ok && rows > 1) /* one row is bound by memory: two rows a block do as well */
+            matmul_rows_wide(x + r * in, rows, in, w, out, y + r * out, add);
+        else
+            matmul_rows(x + r * in, rows, in, w, out, y + r * out, add);
+    }
 }
 
 static void matmul(const float *x, int64_t n, int64_t in, const uint16_t *w, int64_t out,

@@ -3,7 +3,9 @@
 Why: at decode sizes on a CPU, the eager model spends two thirds of a step in PyTorch's operator
 overhead (about 1,280 operators of 1-5 us each per step of the demo target), not in its matrix
 work (issue 27). ``native_step.c`` runs every layer of a forward of N rows in one call: float16
-weights widened in registers, float32 activations, sums and KV cache, AVX2 with FMA and F16C.
+weights widened in registers, float32 activations, sums and KV cache, AVX2 with FMA and F16C;
+where the CPU has AVX-512VL, products of several rows (a verify pass, a prefill, a batch) use its
+32 vector registers to share each widened weight among up to six rows (:func:`wide_rows`).
 
 It is built with the system's C compiler (``cc``, or ``$CC``) into spectool's cache folder,
 keyed by the source's hash, written atomically; a machine without a compiler, or a CPU without
@@ -42,7 +44,7 @@ Transformer = Any
 
 SOURCE = Path(__file__).with_name("native_step.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fPIC", "-shared")
-ABI = 3
+ABI = 4
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
 
@@ -132,6 +134,8 @@ def _load() -> ctypes.CDLL:
     lib.spectool_forward.restype = ctypes.c_int
     lib.spectool_forward.argtypes = [ctypes.POINTER(_Model), _I, _P, _P, _P, _P, _I, _I, _I]
     lib.spectool_forward.argtypes += [_P, _P, _P, _P, _P]
+    lib.spectool_wide_rows.restype = ctypes.c_int
+    lib.spectool_wide_rows.argtypes = [ctypes.c_int]
     lib.spectool_matmul.restype = None
     lib.spectool_matmul.argtypes = [_P, _I, _I, _P, _I, _P]
     lib.spectool_profile.restype = None
@@ -158,6 +162,17 @@ def profile(on: bool) -> Profile:
     out = (_I * 4)()
     lib.spectool_profile(int(on), ctypes.byref(out))
     return Profile(out[0] / 1e9, out[1] / 1e9, out[2], out[3] / 1e9)
+
+
+def wide_rows(on: bool | None = None) -> bool:
+    """Whether products of several rows run on the AVX-512VL kernel (up to six rows share each
+    widened weight; about 1.1-1.2x at 5-8 rows and in a prefill) rather than rows in pairs.
+    ``on`` switches it (True has effect only where the CPU has AVX-512VL); the numbers are the
+    same bit for bit either way, which the tests check by switching."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError(f"no native step: {unavailable_reason()}")
+    return bool(lib.spectool_wide_rows(-1 if on is None else int(on)))
 
 
 def _f16(weight: Tensor) -> Tensor | None:

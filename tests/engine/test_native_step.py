@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import platform
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,28 @@ def f16_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_checkpoint(
         tmp_path_factory.mktemp("f16"), seed=5, init_range=0.2, save_dtype=torch.float16
     )
+
+
+@pytest.fixture(params=["wide", "pairs"])
+def kernel(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Products of several rows on each kernel this CPU can run: the AVX-512VL one (up to six
+    rows per widened weight) where it has it, and rows in pairs (what other CPUs run)."""
+    if not CAN_BUILD:
+        pytest.skip("needs x86-64 with AVX2 and a C compiler")
+    if request.param == "wide" and torch.backends.cpu.get_cpu_capability() != "AVX512":
+        pytest.skip("needs AVX-512")
+    was = native_step.wide_rows()
+    assert native_step.wide_rows(request.param == "wide") == (request.param == "wide")
+    yield request.param
+    native_step.wide_rows(was)
+
+
+def test_a_cpu_with_avx512_runs_the_wide_kernel() -> None:
+    """The dispatch is not silently off: where torch sees AVX-512 (this project's CI machines),
+    products of several rows use it by default."""
+    if not CAN_BUILD:
+        pytest.skip("needs x86-64 with AVX2 and a C compiler")
+    assert native_step.wide_rows() == (torch.backends.cpu.get_cpu_capability() == "AVX512")
 
 
 def _pair(folder: Path) -> tuple[Transformer, Transformer]:
@@ -97,8 +120,7 @@ def test_kernel_matches_the_pytorch_path(f16_dir: Path, slots: list[int]) -> Non
         assert got[-1][:, slot, :, length:].abs().max() == 0
 
 
-@pytest.mark.skipif(not CAN_BUILD, reason="needs x86-64 with AVX2 and a C compiler")
-def test_a_verify_pass_repeats_single_steps_bit_for_bit(f16_dir: Path) -> None:
+def test_a_verify_pass_repeats_single_steps_bit_for_bit(f16_dir: Path, kernel: str) -> None:
     """k + 1 tokens in one call give exactly the logits (and hidden states, and cache) of k + 1
     one-token calls, and a row's logits do not depend on the other rows of its batch: what
     makes greedy speculative decoding repeat plain greedy decoding."""
@@ -134,21 +156,21 @@ def test_a_verify_pass_repeats_single_steps_bit_for_bit(f16_dir: Path) -> None:
     assert torch.equal(mixed[0], many[0])
 
 
-@pytest.mark.skipif(not CAN_BUILD, reason="needs x86-64 with AVX2 and a C compiler")
 @pytest.mark.parametrize("width", [256, 704])
-def test_a_long_product_equals_its_rows_one_by_one(f16_dir: Path, width: int) -> None:
-    """A prefill-sized product runs in chunks of rows (activations kept in L2): every row is
-    still bit for bit what a one-row product gives, across the chunks' boundaries."""
+def test_a_long_product_equals_its_rows_one_by_one(f16_dir: Path, width: int, kernel: str) -> None:
+    """A prefill-sized product runs in chunks of rows (activations kept in L2) and in blocks
+    of rows within them: every row is still bit for bit what a one-row product gives, across
+    the chunks' and blocks' boundaries, and outputs past the last block of four too."""
     model = load_model(f16_dir, max_seq_len=32)
     native = model.native
     assert native is not None
     gen = torch.Generator().manual_seed(3)
-    weight = (torch.randn(36, width, generator=gen) * 0.1).half()
+    weight = (torch.randn(38, width, generator=gen) * 0.1).half()  # 9 blocks of 4 and 2 more
     x = torch.randn(301, width, generator=gen)  # 301 rows: several chunks and an odd tail
-    out = torch.empty(301, 36)
+    out = torch.empty(301, 38)
     native.product(x, weight, out)
-    for r in (0, 1, 45, 46, 127, 128, 129, 300):
-        one = torch.empty(1, 36)
+    for r in (0, 1, 5, 6, 11, 45, 46, 127, 128, 129, 299, 300):
+        one = torch.empty(1, 38)
         native.product(x[r : r + 1].contiguous(), weight, one)
         assert torch.equal(out[r], one[0]), r
     assert torch.allclose(out, x @ weight.float().T, atol=1e-3, rtol=1e-4)
