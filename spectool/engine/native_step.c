@@ -9,7 +9,7 @@
  *
  * Exactness: every number a row produces is computed by the same sequence of operations
  * whatever N is and whichever rows share the call (each dot product has its own accumulator;
- * rows are blocked, two or up to six, only to share weight loads). So a verify pass of k + 1
+ * rows are blocked, two or six, only to share weight loads). So a verify pass of k + 1
  * rows gives bit for bit the logits that k + 1 single-row steps give, and greedy speculative
  * decoding repeats plain greedy decoding exactly. Build without -ffast-math and with
  * -ffp-contract=off: the compiler must not reorder sums or fuse the scalar multiply-adds.
@@ -159,9 +159,9 @@ rows_x4(const int R, const float *x, int64_t in, const uint16_t *w0, int64_t out
 /* y[r, j] = sum_i x[r, i] w[j, i] (+ y[r, j] when add) for r < n, j < out: outputs in fours,
  * rows in blocks of up to MAX (rows_x4), the last outputs one by one (dot1). With AVX2's 16
  * vector registers MAX is 2 (8 accumulators, 4 weights, a row); AVX-512VL's 32 (still 256-bit
- * vectors: the same lanes and order) hold 6 rows' 24 accumulators, so a verify pass of 5 rows
- * widens each weight once instead of three times (about 1.1-1.2x at 5-8 rows and in a prefill
- * here). */
+ * vectors: the same lanes and order) hold 6 rows' 24 accumulators, so each weight is widened
+ * once for six rows instead of three times (a prefill of 233 rows 1.18x, 64 rows 1.13x, 8 rows
+ * 1.15x here; matmul_ gives it 8 rows or more). */
 #define MATMUL_ROWS(NAME, MAX, ATTR)                                                          \
     static __attribute__((noinline)) ATTR void NAME(const float *x, int64_t n, int64_t in,   \
                                                     const uint16_t *w, int64_t out, float *y, \
@@ -195,6 +195,12 @@ rows_x4(const int R, const float *x, int64_t in, const uint16_t *w0, int64_t out
 
 MATMUL_ROWS(matmul_rows, 2, )
 MATMUL_ROWS(matmul_rows_wide, 6, __attribute__((target("avx2,fma,f16c,avx512f,avx512vl"))))
+
+/* The fewest rows matmul_rows_wide takes. Below it (one row: bound by memory; a verify pass
+ * of 2-5 rows) two rows a block did as well or better in the engine: a 3-row verify pass's
+ * products took 1.98 ms on the wide kernel against 1.70 on two rows a block, although apart
+ * from the engine's step the two ran alike at 2-5 rows (why was not established). */
+#define WIDE_MIN_ROWS 8
 
 static int wide_ok = -1; /* -1: not asked yet; 0: matmul_rows (two rows); 1: matmul_rows_wide */
 
@@ -233,7 +239,7 @@ static void matmul_(const float *x, int64_t n, int64_t in, const uint16_t *w, in
     if (wide_ok < 0) wide_ok = wide_supported();
     for (int64_t r = 0; r < n; r += chunk) {
         const int64_t rows = n - r < chunk ? n - r : chunk;
-        if (wide_ok && rows > 1) /* one row is bound by memory: two rows a block do as well */
+        if (wide_ok && rows >= WIDE_MIN_ROWS)
             matmul_rows_wide(x + r * in, rows, in, w, out, y + r * out, add);
         else
             matmul_rows(x + r * in, rows, in, w, out, y + r * out, add);

@@ -36,8 +36,8 @@ def f16_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(params=["wide", "pairs"])
 def kernel(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Products of several rows on each kernel this CPU can run: the AVX-512VL one (up to six
-    rows per widened weight) where it has it, and rows in pairs (what other CPUs run)."""
+    """Products of 8 rows or more on each kernel this CPU can run: the AVX-512VL one (six rows
+    per widened weight) where it has it, and two rows a block (what other CPUs run)."""
     if not CAN_BUILD:
         pytest.skip("needs x86-64 with AVX2 and a C compiler")
     if request.param == "wide" and torch.backends.cpu.get_cpu_capability() != "AVX512":
@@ -50,7 +50,7 @@ def kernel(request: pytest.FixtureRequest) -> Iterator[str]:
 
 def test_a_cpu_with_avx512_runs_the_wide_kernel() -> None:
     """The dispatch is not silently off: where torch sees AVX-512 (this project's CI machines),
-    products of several rows use it by default."""
+    products of 8 rows or more use it by default."""
     if not CAN_BUILD:
         pytest.skip("needs x86-64 with AVX2 and a C compiler")
     assert native_step.wide_rows() == (torch.backends.cpu.get_cpu_capability() == "AVX512")
@@ -120,7 +120,8 @@ def test_kernel_matches_the_pytorch_path(f16_dir: Path, slots: list[int]) -> Non
         assert got[-1][:, slot, :, length:].abs().max() == 0
 
 
-def test_a_verify_pass_repeats_single_steps_bit_for_bit(f16_dir: Path, kernel: str) -> None:
+@pytest.mark.skipif(not CAN_BUILD, reason="needs x86-64 with AVX2 and a C compiler")
+def test_a_verify_pass_repeats_single_steps_bit_for_bit(f16_dir: Path) -> None:
     """k + 1 tokens in one call give exactly the logits (and hidden states, and cache) of k + 1
     one-token calls, and a row's logits do not depend on the other rows of its batch: what
     makes greedy speculative decoding repeat plain greedy decoding."""
@@ -174,6 +175,24 @@ def test_a_long_product_equals_its_rows_one_by_one(f16_dir: Path, width: int, ke
         native.product(x[r : r + 1].contiguous(), weight, one)
         assert torch.equal(out[r], one[0]), r
     assert torch.allclose(out, x @ weight.float().T, atol=1e-3, rtol=1e-4)
+
+
+def test_every_number_of_rows_equals_its_rows_one_by_one(f16_dir: Path, kernel: str) -> None:
+    """1 to 14 rows, each kernel's every block of rows (the wide kernel's six and its tails of
+    one to five from 8 rows on, two rows a block below): bit for bit one-row products."""
+    model = load_model(f16_dir, max_seq_len=32)
+    native = model.native
+    assert native is not None
+    gen = torch.Generator().manual_seed(4)
+    weight = (torch.randn(20, 64, generator=gen) * 0.1).half()
+    for n in range(1, 15):
+        x = torch.randn(n, 64, generator=gen)
+        out = torch.empty(n, 20)
+        native.product(x, weight, out)
+        for r in range(n):
+            one = torch.empty(1, 20)
+            native.product(x[r : r + 1].contiguous(), weight, one)
+            assert torch.equal(out[r], one[0]), (n, r)
 
 
 @pytest.mark.skipif(not CAN_BUILD, reason="needs x86-64 with AVX2 and a C compiler")
