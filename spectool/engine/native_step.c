@@ -5,7 +5,7 @@
  * target makes about 1,280 of them; the matrix work is a third of the step (issue 27). Here a
  * forward of N rows through every layer is one call: float16 weights ([out, in], converted to
  * float32 in registers with F16C), float32 activations, sums and KV cache, AVX2 + FMA (and
- * AVX-512VL's 32 registers for products of several rows, where the CPU has them).
+ * AVX-512VL's 32 registers for products of 8 rows or more, where the CPU has them).
  *
  * Exactness: every number a row produces is computed by the same sequence of operations
  * whatever N is and whichever rows share the call (each dot product has its own accumulator;
