@@ -38,6 +38,10 @@ an earlier, interrupted run are passed in and never measured again. The search, 
    the predictor's error against a neighbour is measured, the best one per concurrency
    (:func:`~spectool.decide.prune.worth_measuring`; issue 21 point 4: a draft length within
    the predictor's error is measured, not pruned). Judged on the cells of steps 1-5 only.
+5c. **The first row** (the same servers): at the smallest concurrency every draft length is
+   measured: its cells are the cheapest, its choice caps the others, and there the linear form
+   misjudges a neighbour most (rows computed in blocks: README, "Every draft length at the
+   smallest concurrency"). A method out of contention stops as in step 5.
 6. **Decide** from measurements only, every measured cell included (finished ones too): at each
    concurrency, among the cells whose bootstrap interval lies below 1 (``pays``), the one with the
    lowest measured step cost over tokens per step from acceptance pooled across the
@@ -169,8 +173,9 @@ def tune(
 
     ``switches_in_place``: the server changes draft length without a restart (the embedded
     engine), so among the cells predicted within ``close_margin`` of a concurrency's best the
-    shorter draft is confirmed (:func:`~spectool.decide.search.confirmation_cells`), and step
-    5b measures the draft lengths its neighbours say could still win.
+    shorter draft is confirmed (:func:`~spectool.decide.search.confirmation_cells`), step 5b
+    measures the draft lengths its neighbours say could still win, and step 5c every draft
+    length at the smallest concurrency.
     """
     concs = tuple(sorted(set(concurrencies)))
     if not concs or concs[0] < 1:
@@ -367,6 +372,9 @@ def tune(
                 shorter=True,
             )
             by_prediction.update({(x.concurrency, x.k): x.predicted_ratio for x in checks})
+            # Step 5c: the smallest concurrency's other draft lengths (module docstring)
+            first_row = [(concs[0], k) for k in range(1, max_draft_len + 1)]
+            more += [key for key in first_row if key not in {*plan, *wanted, *more}]
             last_k = measured_now[-1][1] if measured_now else None
             for key in server_order(more, last_k=last_k):
                 if not in_contention(more):
@@ -391,7 +399,7 @@ def tune(
         # A draft length measured at the first concurrency for its neighbours' sake (step 5b)
         # is a first value to try only when it is the choice there now.
         firsts = {k for c, k in cells if c == first and k > 0}
-        firsts -= {k for c, k in more if c == first and k != choices[first]}
+        firsts -= {k for c, k in more if c == first and k not in (choices[first], uncapped[first])}
         for k1 in sorted(firsts):
             for c in concs[1:]:
                 options = [p for p in predictions if p.concurrency == c and 1 <= p.k <= k1]
