@@ -16,6 +16,11 @@ Usage::
 
     python benchmarks/method_replay.py out/ms-code out/ms-prose [--save FILE]
     python benchmarks/method_replay.py tests/decide/data/method_grids.json.gz
+    python benchmarks/method_replay.py --in-place tests/decide/data/method_grids_avx512.json.gz
+
+``--in-place`` searches as ``spectool tune`` does on the embedded engine, which switches the
+draft length in place (steps 5b and 5c); without it, as on a server that restarts per draft
+length (TensorRT-LLM).
 """
 
 from __future__ import annotations
@@ -78,6 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-boot", type=int, default=300)
     parser.add_argument("--save", type=Path, default=None, help="write the grids file here")
     parser.add_argument("--objective", default="tpot", help="what the searches decide on")
+    parser.add_argument(
+        "--in-place",
+        action="store_true",
+        help="search as on the embedded engine, which switches the draft length in place",
+    )
     args = parser.parse_args(argv)
     sets = []  # (rounds, sources, order): each workload replayed on its own rounds
     if len(args.sources) == 1 and args.sources[0].is_file():
@@ -98,7 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     shares = []
     for rounds, names, order in sets:
         for replay in replay_methods(
-            rounds, names, order, n_boot=args.n_boot, objective=args.objective
+            rounds,
+            names,
+            order,
+            n_boot=args.n_boot,
+            objective=args.objective,
+            switches_in_place=args.in_place,
         ):
             shares.append(replay.worst_share)
             cells = ", ".join(

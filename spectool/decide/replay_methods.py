@@ -90,9 +90,12 @@ def replay_methods(
     n_boot: int = 300,
     confidence: float = 0.95,
     objective: str = DEFAULT_OBJECTIVE,
+    switches_in_place: bool = False,
 ) -> list[MethodReplay]:
     """Replay the comparison of ``order``'s methods once per round (module docstring), each
-    search deciding on ``objective`` (tune's default: users' time per output token)."""
+    search deciding on ``objective`` (tune's default: users' time per output token);
+    ``switches_in_place``: searched as on the embedded engine (steps 5b and 5c of
+    :func:`~spectool.decide.tune.tune`), else as on a server that restarts per draft length."""
     if len(rounds) < 2 or len(sources) != len(rounds):
         raise BadInputError("method grids", "need two or more rounds, one source name each")
     if not order or any(m not in r for r in rounds for m in order):
@@ -119,6 +122,7 @@ def replay_methods(
                 confidence=confidence,
                 rival=rival_ratios(results) if results else None,
                 objective=objective,
+                switches_in_place=switches_in_place,
             )
             results.append(result)
             measured += sum(1 for _, k in result.measured_now if k > 0)

@@ -78,3 +78,31 @@ def test_recorded_method_rounds_replay_to_the_method_users_would_pick() -> None:
             assert at[4]["chosen"] == "off"
         near_best += at[1]["share_of_best"] >= 0.95
     assert near_best >= 6
+
+
+AVX512 = Path(__file__).parent / "data" / "method_grids_avx512.json.gz"
+
+
+def test_rounds_of_a_row_blocked_engine_replay_near_the_best_with_the_first_row_measured() -> None:
+    """Four recorded rounds each of the prose and built-in workloads on the AVX-512 machine
+    (2026-12-06, ``benchmarks/method_replay.py --in-place``), where the engine's verify pass
+    takes rows in pairs and the other rounds put draft_model's ``k = 3`` first at concurrency 1
+    (k=4 is dearer for its length). Searched as on the embedded engine (step 5c measures every
+    draft length at concurrency 1), every prose round deploys draft_model and reaches 95% of
+    the best there; searched from the prediction's cells (a server that restarts per draft
+    length), none does on either workload: the model puts ``k = 3`` behind ``k = 4``."""
+    sets = rounds_from_grids(*read_grids(AVX512))
+    shares: dict[tuple[str, bool], list[float]] = {}
+    chosen: dict[tuple[str, bool], list[str]] = {}
+    for rounds, names, order in sets:
+        workload = names[0].split("/")[0]
+        for in_place in (True, False):
+            replays = replay_methods(rounds, names, order, switches_in_place=in_place)
+            at1 = [next(r for r in x.rows if r["concurrency"] == 1) for x in replays]
+            shares[(workload, in_place)] = [row["share_of_best"] for row in at1]
+            chosen[(workload, in_place)] = [x.chosen for x in replays]
+    assert chosen[("ms-prose", True)] == ["draft_model"] * 4
+    assert all(s >= 0.95 for s in shares[("ms-prose", True)])
+    assert sum(s >= 0.95 for s in shares[("ms-builtin", True)]) >= 2
+    for workload in ("ms-prose", "ms-builtin"):
+        assert not any(s >= 0.95 for s in shares[(workload, False)]), workload
