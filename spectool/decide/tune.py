@@ -396,8 +396,9 @@ def tune(
         # that long at every concurrency that wanted more, so the writable options are measured.
         first = concs[0]
         wanted = []
-        # A draft length measured at the first concurrency for its neighbours' sake (step 5b)
-        # is a first value to try only when it is the choice there now.
+        # A draft length measured at the first concurrency for its neighbours' or the row's
+        # sake (steps 5b, 5c) is a first value to try only when it is the choice there now or
+        # the best cell there.
         firsts = {k for c, k in cells if c == first and k > 0}
         firsts -= {k for c, k in more if c == first and k not in (choices[first], uncapped[first])}
         for k1 in sorted(firsts):
