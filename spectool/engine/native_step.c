@@ -5,11 +5,11 @@
  * target makes about 1,280 of them; the matrix work is a third of the step (issue 27). Here a
  * forward of N rows through every layer is one call: float16 weights ([out, in], converted to
  * float32 in registers with F16C), float32 activations, sums and KV cache, AVX2 + FMA (and
- * AVX-512VL's 32 registers for products of 8 rows or more, where the CPU has them).
+ * AVX-512's 512-bit vectors for products of 3 rows or more, where the CPU has them).
  *
  * Exactness: every number a row produces is computed by the same sequence of operations
  * whatever N is and whichever rows share the call (each dot product has its own accumulator;
- * rows are blocked, two or six, only to share weight loads). So a verify pass of k + 1
+ * rows are blocked, up to two or twelve, only to share weight loads). So a verify pass of k + 1
  * rows gives bit for bit the logits that k + 1 single-row steps give, and greedy speculative
  * decoding repeats plain greedy decoding exactly. Build without -ffast-math and with
  * -ffp-contract=off: the compiler must not reorder sums or fuse the scalar multiply-adds.
@@ -157,11 +157,11 @@ rows_x4(const int R, const float *x, int64_t in, const uint16_t *w0, int64_t out
 }
 
 /* y[r, j] = sum_i x[r, i] w[j, i] (+ y[r, j] when add) for r < n, j < out: outputs in fours,
- * rows in blocks of up to MAX (rows_x4), the last outputs one by one (dot1). With AVX2's 16
- * vector registers MAX is 2 (8 accumulators, 4 weights, a row); AVX-512VL's 32 (still 256-bit
- * vectors: the same lanes and order) hold 6 rows' 24 accumulators, so each weight is widened
- * once for six rows instead of three times (a prefill of 233 rows 1.18x, 64 rows 1.13x, 8 rows
- * 1.15x here; matmul_ gives it 8 rows or more). */
+ * rows in blocks of up to MAX (rows_x4; with AVX2's 16 vector registers MAX is 2: 8
+ * accumulators, 4 weights, a row), the last outputs one by one (dot1). (A macro: it was also
+ * the six-row kernel on AVX-512VL's 32 ymm registers, which matmul_rows_wide replaced; kept as
+ * it was, since rewriting its loop as plain code made the one-row product, every decode step
+ * at batch 1, 1.1x slower here.) */
 #define MATMUL_ROWS(NAME, MAX, ATTR)                                                          \
     static __attribute__((noinline)) ATTR void NAME(const float *x, int64_t n, int64_t in,   \
                                                     const uint16_t *w, int64_t out, float *y, \
@@ -194,24 +194,107 @@ rows_x4(const int R, const float *x, int64_t in, const uint16_t *w0, int64_t out
     }
 
 MATMUL_ROWS(matmul_rows, 2, )
-MATMUL_ROWS(matmul_rows_wide, 6, __attribute__((target("avx2,fma,f16c,avx512f,avx512vl"))))
 
-/* The fewest rows matmul_rows_wide takes. Below it (one row: bound by memory; a verify pass
- * of 2-5 rows) two rows a block did as well or better in the engine: a 3-row verify pass's
- * products took 1.98 ms on the wide kernel against 1.70 on two rows a block, although apart
- * from the engine's step the two ran alike at 2-5 rows (why was not established). */
-#define WIDE_MIN_ROWS 8
+/* The same products on 512-bit vectors, for CPUs with AVX-512 (F, VL, DQ). A zmm register
+ * holds two outputs' 8-lane accumulators side by side (low half output o, high half o + 1)
+ * and each half does exactly the operations of rows_x4's ymm accumulator (the same weight
+ * vector, the same 8 inputs broadcast to both halves, the same order), then the halves are
+ * reduced in hsum's order: bit for bit dot1, whatever the rows. With 32 registers a block
+ * takes up to WIDE_MAX rows (24 accumulators, 2 weights, a row), each widened weight serving
+ * all of them. On an AMD EPYC of the Zen 5 family (two 512-bit FMA pipes: 131 GFMA/s a core,
+ * against 66 on 256-bit vectors) the demo target's 49 products, standalone, 7 interleaved
+ * rounds: 3 rows 0.47-0.49 ms against 0.62-0.67 on two rows a block, 5 rows 0.68-0.70 against
+ * 0.99-1.01; 16 rows 1.90-2.07 against 2.61-2.64 and 80 rows 9.2-9.5 against 12.8-13.1 on the
+ * six-row ymm kernel it replaced; at 1 and 2 rows slower (0.35-0.36 against 0.32-0.34; 0.41
+ * against 0.37-0.40), so those stay on matmul_rows. */
+#define WIDE_MAX 12
+#define ZATTR __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512dq")))
+
+static inline ZATTR __m512 load_h2(const uint16_t *a, const uint16_t *b) {
+    const __m128i lo = _mm_loadu_si128((const __m128i *)a);
+    const __m128i hi = _mm_loadu_si128((const __m128i *)b);
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
+}
+
+static inline ZATTR __attribute__((always_inline)) void
+zrows_x4(const int R, const float *x, int64_t in, const uint16_t *w0, int64_t out, float *y,
+         int add) {
+    __m512 a[WIDE_MAX][2];
+#pragma GCC unroll 12
+    for (int r = 0; r < R; r++) a[r][0] = a[r][1] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < in; i += 8) {
+        const __m512 h01 = load_h2(w0 + i, w0 + in + i);
+        const __m512 h23 = load_h2(w0 + 2 * in + i, w0 + 3 * in + i);
+#pragma GCC unroll 12
+        for (int r = 0; r < R; r++) {
+            const __m512 v = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + r * in + i));
+            a[r][0] = _mm512_fmadd_ps(h01, v, a[r][0]);
+            a[r][1] = _mm512_fmadd_ps(h23, v, a[r][1]);
+        }
+    }
+    /* each row's four accumulators, reduced exactly as rows_x4 reduces its own */
+#pragma GCC unroll 12
+    for (int r = 0; r < R; r++) {
+        const __m256 a0 = _mm512_castps512_ps256(a[r][0]);
+        const __m256 a1 = _mm512_extractf32x8_ps(a[r][0], 1);
+        const __m256 a2 = _mm512_castps512_ps256(a[r][1]);
+        const __m256 a3 = _mm512_extractf32x8_ps(a[r][1], 1);
+        const __m256 m01 = _mm256_add_ps(_mm256_permute2f128_ps(a0, a1, 0x20),
+                                         _mm256_permute2f128_ps(a0, a1, 0x31));
+        const __m256 m23 = _mm256_add_ps(_mm256_permute2f128_ps(a2, a3, 0x20),
+                                         _mm256_permute2f128_ps(a2, a3, 0x31));
+        const __m256 h = _mm256_hadd_ps(m01, m23);
+        const __m256 s = _mm256_hadd_ps(h, h);
+        __m128 sums = _mm_unpacklo_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+        float *yr = y + r * out;
+        if (add) sums = _mm_add_ps(_mm_loadu_ps(yr), sums);
+        _mm_storeu_ps(yr, sums);
+    }
+}
+
+#define ZCASE(R) case R: zrows_x4(R, xr, in, w0, out, yr, add); r += R; break;
+
+static __attribute__((noinline)) ZATTR void matmul_rows_wide(const float *x, int64_t n,
+                                                             int64_t in, const uint16_t *w,
+                                                             int64_t out, float *y, int add) {
+    int64_t j = 0;
+    prefetch(w, (out < 8 ? out : 8) * in);
+    for (; j + 4 <= out; j += 4) {
+        const uint16_t *w0 = w + j * in;
+        if (j + 12 <= out) prefetch(w0 + 8 * in, 4 * in);
+        for (int64_t r = 0; r < n;) {
+            const float *xr = x + r * in;
+            float *yr = y + r * out + j;
+            switch (n - r < WIDE_MAX ? n - r : WIDE_MAX) {
+                ZCASE(1) ZCASE(2) ZCASE(3) ZCASE(4) ZCASE(5) ZCASE(6)
+                ZCASE(7) ZCASE(8) ZCASE(9) ZCASE(10) ZCASE(11)
+            default: zrows_x4(WIDE_MAX, xr, in, w0, out, yr, add); r += WIDE_MAX; break;
+            }
+        }
+    }
+    for (; j < out; j++)
+        for (int64_t r = 0; r < n; r++) {
+            float v = dot1(x + r * in, w + j * in, in);
+            if (add) y[r * out + j] += v; else y[r * out + j] = v;
+        }
+}
+
+/* The fewest rows matmul_rows_wide takes: a verify pass of k >= 2 drafts at batch 1 and every
+ * larger product. (The earlier six-row kernel on 256-bit vectors started at 8 rows: below
+ * that it did no better than two rows a block.) */
+#define WIDE_MIN_ROWS 3
 
 static int wide_ok = -1; /* -1: not asked yet; 0: matmul_rows (two rows); 1: matmul_rows_wide */
 
-/* AVX-512F and VL (CPUID leaf 7), with the OS saving their registers (XCR0: SSE, AVX, the
+/* AVX-512F, DQ and VL (CPUID leaf 7), with the OS saving their registers (XCR0: SSE, AVX, the
  * opmask and the upper ZMM halves and ZMM16-31). Asked directly: GCC's __builtin_cpu_supports
  * links libgcc's CPU model tables into this library, and with them a one-row product took
  * 1.2-1.4x the time here without the wide kernel ever running (separate processes,
  * interleaved; why was not established). */
 static int wide_supported(void) {
     unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(b & (1u << 16)) || !(b & (1u << 31)))
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(b & (1u << 16)) || !(b & (1u << 17)) ||
+        !(b & (1u << 31)))
         return 0;
     if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return 0; /* OSXSAVE */
     unsigned lo, hi;

@@ -4,8 +4,8 @@ Why: at decode sizes on a CPU, the eager model spends two thirds of a step in Py
 overhead (about 1,280 operators of 1-5 us each per step of the demo target), not in its matrix
 work (issue 27). ``native_step.c`` runs every layer of a forward of N rows in one call: float16
 weights widened in registers, float32 activations, sums and KV cache, AVX2 with FMA and F16C;
-where the CPU has AVX-512VL, products of 8 rows or more (a prefill, a large batch) use its 32
-vector registers to share each widened weight among six rows (:func:`wide_rows`).
+where the CPU has AVX-512 (F, VL, DQ), products of 3 rows or more (a verify pass, a batch, a
+prefill) run on 512-bit vectors, each widened weight shared by up to twelve rows (:func:`wide_rows`).
 
 It is built with the system's C compiler (``cc``, or ``$CC``) into spectool's cache folder,
 keyed by the source's hash, written atomically; a machine without a compiler, or a CPU without
@@ -165,9 +165,10 @@ def profile(on: bool) -> Profile:
 
 
 def wide_rows(on: bool | None = None) -> bool:
-    """Whether products of 8 rows or more run on the AVX-512VL kernel (six rows share each
-    widened weight; a prefill about 1.15x) rather than two rows a block.
-    ``on`` switches it (True has effect only where the CPU has AVX-512VL); the numbers are the
+    """Whether products of 3 rows or more run on the AVX-512 kernel (512-bit vectors, up to
+    twelve rows sharing each widened weight; 1.3-1.45x at 3-80 rows on a Zen 5 core) rather than
+    two rows a block. ``on`` switches it (True has effect only where the CPU has AVX-512 F, VL
+    and DQ); the numbers are the
     same bit for bit either way, which the tests check by switching."""
     lib = library()
     if lib is None:

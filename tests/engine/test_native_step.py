@@ -36,8 +36,9 @@ def f16_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(params=["wide", "pairs"])
 def kernel(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Products of 8 rows or more on each kernel this CPU can run: the AVX-512VL one (six rows
-    per widened weight) where it has it, and two rows a block (what other CPUs run)."""
+    """Products of 3 rows or more on each kernel this CPU can run: the AVX-512 one (512-bit
+    vectors, up to twelve rows per widened weight) where it has it, and two rows a block (what
+    other CPUs run)."""
     if not CAN_BUILD:
         pytest.skip("needs x86-64 with AVX2 and a C compiler")
     if request.param == "wide" and torch.backends.cpu.get_cpu_capability() != "AVX512":
@@ -50,7 +51,7 @@ def kernel(request: pytest.FixtureRequest) -> Iterator[str]:
 
 def test_a_cpu_with_avx512_runs_the_wide_kernel() -> None:
     """The dispatch is not silently off: where torch sees AVX-512 (this project's CI machines),
-    products of 8 rows or more use it by default."""
+    products of 3 rows or more use it by default."""
     if not CAN_BUILD:
         pytest.skip("needs x86-64 with AVX2 and a C compiler")
     assert native_step.wide_rows() == (torch.backends.cpu.get_cpu_capability() == "AVX512")
@@ -178,8 +179,8 @@ def test_a_long_product_equals_its_rows_one_by_one(f16_dir: Path, width: int, ke
 
 
 def test_every_number_of_rows_equals_its_rows_one_by_one(f16_dir: Path, kernel: str) -> None:
-    """1 to 14 rows, each kernel's every block of rows (the wide kernel's six and its tails of
-    one to five from 8 rows on, two rows a block below): bit for bit one-row products."""
+    """1 to 14 rows, each kernel's every block of rows (the wide kernel's twelve and its tails
+    of one to eleven from 3 rows on, two rows a block below): bit for bit one-row products."""
     model = load_model(f16_dir, max_seq_len=32)
     native = model.native
     assert native is not None
