@@ -116,6 +116,22 @@ row_x4(const float *x, int64_t in, const uint16_t *w0, float *y, int add) {
     }
 }
 
+/* One row's four sums (accumulators a0 .. a3 of outputs 0 .. 3) into y[0 .. 3] (+= when add),
+ * paired exactly as hsum pairs them: low + high halves, then neighbours, then the two pairs
+ * (hadd adds neighbours; a + b == b + a bit for bit). */
+static inline __attribute__((always_inline)) void
+sums_x4(__m256 a0, __m256 a1, __m256 a2, __m256 a3, float *y, int add) {
+    const __m256 m01 = _mm256_add_ps(_mm256_permute2f128_ps(a0, a1, 0x20),
+                                     _mm256_permute2f128_ps(a0, a1, 0x31));
+    const __m256 m23 = _mm256_add_ps(_mm256_permute2f128_ps(a2, a3, 0x20),
+                                     _mm256_permute2f128_ps(a2, a3, 0x31));
+    const __m256 h = _mm256_hadd_ps(m01, m23); /* [a0 01, a0 23, a2 01, a2 23 | a1, a3] */
+    const __m256 s = _mm256_hadd_ps(h, h);     /* [a0, a2, a0, a2 | a1, a3, a1, a3] */
+    __m128 sums = _mm_unpacklo_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    if (add) sums = _mm_add_ps(_mm_loadu_ps(y), sums);
+    _mm_storeu_ps(y, sums);
+}
+
 /* R rows (2 <= R <= 6, a constant once inlined) times the four outputs w0 .. w0 + 3 in of
  * y[r, j] = sum_i x[r, i] w[j, i] (+ y[r, j] when add): each widened weight vector serves R
  * rows. Each (row, output) is one accumulator over i in steps of 8, reduced in hsum's order:
@@ -139,21 +155,8 @@ rows_x4(const int R, const float *x, int64_t in, const uint16_t *w0, int64_t out
             for (int o = 0; o < 4; o++) a[r][o] = _mm256_fmadd_ps(h[o], v, a[r][o]);
         }
     }
-    /* a row's four sums at once, paired exactly as hsum pairs them: low + high halves, then
-     * neighbours, then the two pairs (hadd adds neighbours; a + b == b + a bit for bit) */
 #pragma GCC unroll 6
-    for (int r = 0; r < R; r++) {
-        const __m256 m01 = _mm256_add_ps(_mm256_permute2f128_ps(a[r][0], a[r][1], 0x20),
-                                         _mm256_permute2f128_ps(a[r][0], a[r][1], 0x31));
-        const __m256 m23 = _mm256_add_ps(_mm256_permute2f128_ps(a[r][2], a[r][3], 0x20),
-                                         _mm256_permute2f128_ps(a[r][2], a[r][3], 0x31));
-        const __m256 h = _mm256_hadd_ps(m01, m23); /* [a0 01, a0 23, a2 01, a2 23 | a1, a3] */
-        const __m256 s = _mm256_hadd_ps(h, h);     /* [a0, a2, a0, a2 | a1, a3, a1, a3] */
-        __m128 sums = _mm_unpacklo_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-        float *yr = y + r * out;
-        if (add) sums = _mm_add_ps(_mm_loadu_ps(yr), sums);
-        _mm_storeu_ps(yr, sums);
-    }
+    for (int r = 0; r < R; r++) sums_x4(a[r][0], a[r][1], a[r][2], a[r][3], y + r * out, add);
 }
 
 /* y[r, j] = sum_i x[r, i] w[j, i] (+ y[r, j] when add) for r < n, j < out: outputs in fours,
@@ -232,24 +235,12 @@ zrows_x4(const int R, const float *x, int64_t in, const uint16_t *w0, int64_t ou
             a[r][1] = _mm512_fmadd_ps(h23, v, a[r][1]);
         }
     }
-    /* each row's four accumulators, reduced exactly as rows_x4 reduces its own */
+    /* each row's four accumulators: the halves of a[r][0] and a[r][1], reduced as rows_x4's */
 #pragma GCC unroll 12
-    for (int r = 0; r < R; r++) {
-        const __m256 a0 = _mm512_castps512_ps256(a[r][0]);
-        const __m256 a1 = _mm512_extractf32x8_ps(a[r][0], 1);
-        const __m256 a2 = _mm512_castps512_ps256(a[r][1]);
-        const __m256 a3 = _mm512_extractf32x8_ps(a[r][1], 1);
-        const __m256 m01 = _mm256_add_ps(_mm256_permute2f128_ps(a0, a1, 0x20),
-                                         _mm256_permute2f128_ps(a0, a1, 0x31));
-        const __m256 m23 = _mm256_add_ps(_mm256_permute2f128_ps(a2, a3, 0x20),
-                                         _mm256_permute2f128_ps(a2, a3, 0x31));
-        const __m256 h = _mm256_hadd_ps(m01, m23);
-        const __m256 s = _mm256_hadd_ps(h, h);
-        __m128 sums = _mm_unpacklo_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-        float *yr = y + r * out;
-        if (add) sums = _mm_add_ps(_mm_loadu_ps(yr), sums);
-        _mm_storeu_ps(yr, sums);
-    }
+    for (int r = 0; r < R; r++)
+        sums_x4(_mm512_castps512_ps256(a[r][0]), _mm512_extractf32x8_ps(a[r][0], 1),
+                _mm512_castps512_ps256(a[r][1]), _mm512_extractf32x8_ps(a[r][1], 1),
+                y + r * out, add);
 }
 
 #define ZCASE(R) case R: zrows_x4(R, xr, in, w0, out, yr, add); r += R; break;
