@@ -5,7 +5,8 @@
  * target makes about 1,280 of them; the matrix work is a third of the step (issue 27). Here a
  * forward of N rows through every layer is one call: float16 weights ([out, in], converted to
  * float32 in registers with F16C), float32 activations, sums and KV cache, AVX2 + FMA (and
- * AVX-512's 512-bit vectors for products of 3 rows or more, where the CPU has them).
+ * AVX-512's 512-bit vectors for products of 3 rows or more and for attention, where the CPU
+ * has them).
  *
  * Exactness: every number a row produces is computed by the same sequence of operations
  * whatever N is and whichever rows share the call (each dot product has its own accumulator;
@@ -275,7 +276,8 @@ static __attribute__((noinline)) ZATTR void matmul_rows_wide(const float *x, int
  * that it did no better than two rows a block.) */
 #define WIDE_MIN_ROWS 3
 
-static int wide_ok = -1; /* -1: not asked yet; 0: matmul_rows (two rows); 1: matmul_rows_wide */
+static int wide_ok = -1; /* -1: not asked yet; 0: matmul_rows (two rows), 256-bit attention;
+                           1: matmul_rows_wide, attention's scores_2 and weigh_2 */
 
 /* AVX-512F, DQ and VL (CPUID leaf 7), with the OS saving their registers (XCR0: SSE, AVX, the
  * opmask and the upper ZMM halves and ZMM16-31). Asked directly: GCC's __builtin_cpu_supports
@@ -335,10 +337,18 @@ void spectool_matmul(const float *x, int64_t n, int64_t in, const uint16_t *w, i
     if (prof_on) prof[3] += now_ns() - t0;
 }
 
-/* out = x / sqrt(mean(x^2) + eps) * weight, the mean of squares summed in double. */
+/* out = x / sqrt(mean(x^2) + eps) * weight, the mean of squares summed in double (in 8 lanes,
+ * one order for every call). */
 static void rms_norm(const float *x, const float *weight, int64_t dim, double eps, float *out) {
-    double ss = 0.0;
-    for (int64_t i = 0; i < dim; i++) ss += (double)x[i] * (double)x[i];
+    __m256d a = _mm256_setzero_pd(), b = a; /* dim is a multiple of 8: two 4-lane sums */
+    for (int64_t i = 0; i < dim; i += 8) {
+        const __m256d lo = _mm256_cvtps_pd(_mm_loadu_ps(x + i)), hi = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4));
+        a = _mm256_add_pd(a, _mm256_mul_pd(lo, lo));
+        b = _mm256_add_pd(b, _mm256_mul_pd(hi, hi));
+    }
+    double lanes[4];
+    _mm256_storeu_pd(lanes, _mm256_add_pd(a, b));
+    const double ss = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
     float inv = (float)(1.0 / sqrt(ss / (double)dim + eps));
     for (int64_t i = 0; i < dim; i++) out[i] = (x[i] * inv) * weight[i];
 }
@@ -395,52 +405,144 @@ static inline void weigh_values(const float *p, const float *v, int64_t len, int
     _mm256_storeu_ps(out, a);
 }
 
+/* Scores of one query head qg [D] against keys [len, D]: sg[t] = (qg . key t) * scale. Keys in
+ * blocks of 8 from position 0 (eight independent 8-lane sums, reduced by hsum8), the last len %
+ * 8 one by one (reduced by hsum). */
+static void scores_1(const float *qg, int64_t D, int64_t len, const float *keys, float scale,
+                     float *sg) {
+    int64_t t = 0;
+    for (; t + 8 <= len; t += 8) {
+        __m256 a[8];  /* eight keys side by side: eight independent sums */
+        for (int k = 0; k < 8; k++) a[k] = _mm256_setzero_ps();
+        for (int64_t i = 0; i < D; i += 8) {
+            const __m256 qv = _mm256_loadu_ps(qg + i);
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++)
+                a[k] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(keys + (t + k) * D + i), a[k]);
+        }
+        _mm256_storeu_ps(sg + t, _mm256_mul_ps(hsum8(a), _mm256_set1_ps(scale)));
+    }
+    for (; t < len; t++) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t i = 0; i < D; i += 8)
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i), _mm256_loadu_ps(keys + t * D + i), acc);
+        sg[t] = hsum(acc) * scale;
+    }
+}
+
+/* scores_1 for two query heads q0, q1 at once on 512-bit vectors (AVX-512 CPUs): a zmm holds
+ * head 0's 8-lane sum for a key in its low half and head 1's in its high half, each half doing
+ * exactly scores_1's operations (every key's 8 floats broadcast to both halves); the halves are
+ * reduced as scores_1 reduces them. Bit for bit scores_1 twice, with half the instructions. */
+static __attribute__((noinline)) ZATTR void scores_2(const float *q0, const float *q1, int64_t D,
+                                                     int64_t len, const float *keys, float scale,
+                                                     float *s0, float *s1) {
+    int64_t t = 0;
+    for (; t + 8 <= len; t += 8) {
+        __m512 a[8];
+        for (int k = 0; k < 8; k++) a[k] = _mm512_setzero_ps();
+        for (int64_t i = 0; i < D; i += 8) {
+            const __m512 qv = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(q0 + i)),
+                                                 _mm256_loadu_ps(q1 + i), 1);
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++)
+                a[k] = _mm512_fmadd_ps(
+                    qv, _mm512_broadcast_f32x8(_mm256_loadu_ps(keys + (t + k) * D + i)), a[k]);
+        }
+        __m256 lo[8], hi[8];
+        for (int k = 0; k < 8; k++)
+            lo[k] = _mm512_castps512_ps256(a[k]), hi[k] = _mm512_extractf32x8_ps(a[k], 1);
+        _mm256_storeu_ps(s0 + t, _mm256_mul_ps(hsum8(lo), _mm256_set1_ps(scale)));
+        _mm256_storeu_ps(s1 + t, _mm256_mul_ps(hsum8(hi), _mm256_set1_ps(scale)));
+    }
+    for (; t < len; t++) {
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t i = 0; i < D; i += 8) {
+            const __m512 qv = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(q0 + i)),
+                                                 _mm256_loadu_ps(q1 + i), 1);
+            acc = _mm512_fmadd_ps(qv, _mm512_broadcast_f32x8(_mm256_loadu_ps(keys + t * D + i)),
+                                  acc);
+        }
+        s0[t] = hsum(_mm512_castps512_ps256(acc)) * scale;
+        s1[t] = hsum(_mm512_extractf32x8_ps(acc, 1)) * scale;
+    }
+}
+
+/* sg[0 .. len) = softmax(sg[0 .. len)); sg[len .. padded) is scratch. The maximum in 8 lanes
+ * (the same value as any order), the sum in 8 lanes over t (then hsum): one order, whatever
+ * the call, and no chain of len dependent additions. */
+static void softmax(float *sg, int64_t len) {
+    const int64_t padded = (len + 7) / 8 * 8;
+    __m256 m8 = _mm256_set1_ps(-INFINITY);
+    int64_t t = 0;
+    for (; t + 8 <= len; t += 8) m8 = _mm256_max_ps(m8, _mm256_loadu_ps(sg + t));
+    float mx = -INFINITY, lanes[8];
+    _mm256_storeu_ps(lanes, m8);
+    for (int k = 0; k < 8; k++) mx = lanes[k] > mx ? lanes[k] : mx;
+    for (; t < len; t++) mx = sg[t] > mx ? sg[t] : mx;
+    for (t = len; t < padded; t++) sg[t] = mx - 1000.0f;  /* exp underflows to ~1e-38 */
+    m8 = _mm256_set1_ps(mx);
+    __m256 s8 = _mm256_setzero_ps();
+    for (t = 0; t < padded; t += 8) {
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(sg + t), m8));
+        _mm256_storeu_ps(sg + t, e);
+        if (t + 8 <= len)
+            s8 = _mm256_add_ps(s8, e);
+        else  /* the last block: only its len % 8 real positions */
+            s8 = _mm256_add_ps(s8, _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+                _mm256_set1_epi32((int)(len - t)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)))));
+    }
+    const __m256 inv = _mm256_set1_ps(1.0f / hsum(s8));
+    for (t = 0; t < padded; t += 8) _mm256_storeu_ps(sg + t, _mm256_mul_ps(_mm256_loadu_ps(sg + t), inv));
+}
+
+/* out0[0:64], out1[0:64] = sums over t of p0[t] v[t, 0:64], p1[t] v[t, 0:64], in t order, on
+ * 512-bit vectors (each lane's operations those of the ymm loop in attend). */
+static __attribute__((noinline)) ZATTR void weigh_2(const float *p0, const float *p1,
+                                                    const float *vals, int64_t len, int64_t D,
+                                                    float *out0, float *out1) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    __m512 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    for (int64_t t = 0; t < len; t++) {
+        const float *v = vals + t * D;
+        const __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + 16);
+        const __m512 v2 = _mm512_loadu_ps(v + 32), v3 = _mm512_loadu_ps(v + 48);
+        const __m512 q0 = _mm512_set1_ps(p0[t]), q1 = _mm512_set1_ps(p1[t]);
+        a0 = _mm512_fmadd_ps(q0, v0, a0); a1 = _mm512_fmadd_ps(q0, v1, a1);
+        a2 = _mm512_fmadd_ps(q0, v2, a2); a3 = _mm512_fmadd_ps(q0, v3, a3);
+        b0 = _mm512_fmadd_ps(q1, v0, b0); b1 = _mm512_fmadd_ps(q1, v1, b1);
+        b2 = _mm512_fmadd_ps(q1, v2, b2); b3 = _mm512_fmadd_ps(q1, v3, b3);
+    }
+    _mm512_storeu_ps(out0, a0); _mm512_storeu_ps(out0 + 16, a1);
+    _mm512_storeu_ps(out0 + 32, a2); _mm512_storeu_ps(out0 + 48, a3);
+    _mm512_storeu_ps(out1, b0); _mm512_storeu_ps(out1 + 16, b1);
+    _mm512_storeu_ps(out1 + 32, b2); _mm512_storeu_ps(out1 + 48, b3);
+}
+
 /* The `groups` query heads q [groups, D] that share one kv head attend to its keys and values
  * [len, D] (positions 0 .. len - 1): out [groups, D]. One pass over the keys and one per 32
- * dimensions over the values serve all the group's heads. scores: groups * (len + 8) floats.
- * Every number depends only on q, the cache and len (keys in blocks of 8 from position 0). */
+ * dimensions over the values serve two of the group's heads (64 dimensions on AVX-512 CPUs,
+ * the same numbers). scores: groups * (len + 8) floats. Every number depends only on q, the
+ * cache and len (keys in blocks of 8 from position 0). */
 static void attend(const float *q, int64_t groups, int64_t D, int64_t len, const float *keys,
                    const float *vals, float scale, float *scores, float *out) {
-    const int64_t padded = (len + 7) / 8 * 8, stride = padded;
-    for (int64_t g = 0; g < groups; g++) {
-        const float *qg = q + g * D;
-        float *sg = scores + g * stride;
-        int64_t t = 0;
-        for (; t + 8 <= len; t += 8) {
-            __m256 a[8];  /* eight keys side by side: eight independent sums */
-            for (int k = 0; k < 8; k++) a[k] = _mm256_setzero_ps();
-            for (int64_t i = 0; i < D; i += 8) {
-                const __m256 qv = _mm256_loadu_ps(qg + i);
-#pragma GCC unroll 8
-                for (int k = 0; k < 8; k++)
-                    a[k] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(keys + (t + k) * D + i), a[k]);
-            }
-            _mm256_storeu_ps(sg + t, _mm256_mul_ps(hsum8(a), _mm256_set1_ps(scale)));
-        }
-        for (; t < len; t++) {
-            __m256 acc = _mm256_setzero_ps();
-            for (int64_t i = 0; i < D; i += 8)
-                acc = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i), _mm256_loadu_ps(keys + t * D + i), acc);
-            sg[t] = hsum(acc) * scale;
-        }
-        float mx = -INFINITY;
-        for (t = 0; t < len; t++) mx = sg[t] > mx ? sg[t] : mx;
-        for (t = len; t < padded; t++) sg[t] = mx - 1000.0f;  /* exp underflows to ~1e-38 */
-        const __m256 m8 = _mm256_set1_ps(mx);
-        for (t = 0; t < padded; t += 8)
-            _mm256_storeu_ps(sg + t, exp256(_mm256_sub_ps(_mm256_loadu_ps(sg + t), m8)));
-        float sum = 0.0f;
-        for (t = 0; t < len; t++) sum += sg[t];
-        const float inv = 1.0f / sum;
-        for (t = 0; t < len; t++) sg[t] *= inv;
-    }
+    const int64_t stride = (len + 7) / 8 * 8;
+    int64_t g = 0;
+    if (wide_ok == 1)
+        for (; g + 2 <= groups; g += 2)
+            scores_2(q + g * D, q + (g + 1) * D, D, len, keys, scale, scores + g * stride,
+                     scores + (g + 1) * stride);
+    for (; g < groups; g++) scores_1(q + g * D, D, len, keys, scale, scores + g * stride);
+    for (g = 0; g < groups; g++) softmax(scores + g * stride, len);
     /* out[g, d] = sum over t of p[g, t] v[t, d], in t order for every (g, d); two heads x 32
      * dimensions at a time (8 named accumulators, kept in registers), then one head, then 8
      * dimensions: the grouping never changes a sum. */
-    int64_t g = 0;
-    for (; g + 2 <= groups; g += 2) {
+    for (g = 0; g + 2 <= groups; g += 2) {
         const float *p0 = scores + g * stride, *p1 = p0 + stride;
         int64_t i = 0;
+        if (wide_ok == 1)
+            for (; i + 64 <= D; i += 64)
+                weigh_2(p0, p1, vals + i, len, D, out + g * D + i, out + (g + 1) * D + i);
         for (; i + 32 <= D; i += 32) {
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;

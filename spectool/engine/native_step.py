@@ -5,7 +5,8 @@ overhead (about 1,280 operators of 1-5 us each per step of the demo target), not
 work (issue 27). ``native_step.c`` runs every layer of a forward of N rows in one call: float16
 weights widened in registers, float32 activations, sums and KV cache, AVX2 with FMA and F16C;
 where the CPU has AVX-512 (F, VL, DQ), products of 3 rows or more (a verify pass, a batch, a
-prefill) run on 512-bit vectors, each widened weight shared by up to twelve rows (:func:`wide_rows`).
+prefill) run on 512-bit vectors, each widened weight shared by up to twelve rows, and attention
+passes over keys and values for two query heads at once (:func:`wide_rows`).
 
 It is built with the system's C compiler (``cc``, or ``$CC``) into spectool's cache folder,
 keyed by the source's hash, written atomically; a machine without a compiler, or a CPU without
@@ -167,7 +168,8 @@ def profile(on: bool) -> Profile:
 def wide_rows(on: bool | None = None) -> bool:
     """Whether products of 3 rows or more run on the AVX-512 kernel (512-bit vectors, up to
     twelve rows sharing each widened weight; 1.3-1.45x at 3-80 rows on a Zen 5 core) rather than
-    two rows a block. ``on`` switches it (True has effect only where the CPU has AVX-512 F, VL
+    two rows a block, and attention on 512-bit passes (two query heads of a group a pass over
+    the keys, 64 dimensions of two heads a pass over the values). ``on`` switches it (True has effect only where the CPU has AVX-512 F, VL
     and DQ); the numbers are the
     same bit for bit either way, which the tests check by switching."""
     lib = library()

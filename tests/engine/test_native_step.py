@@ -122,6 +122,43 @@ def test_kernel_matches_the_pytorch_path(f16_dir: Path, slots: list[int]) -> Non
 
 
 @pytest.mark.skipif(not CAN_BUILD, reason="needs x86-64 with AVX2 and a C compiler")
+def test_attention_gives_the_same_numbers_on_either_kernel(tmp_path: Path) -> None:
+    """Heads of 104 dimensions (the passes over the values of 64, 32 and 8 dimensions) in
+    groups of three (a pair of heads, then one): a padded prefill, a 5-token chunk and single
+    steps give bit for bit the same logits and cache on the 512-bit attention as on the 256-bit
+    one, and the PyTorch path's to float rounding (relative: 624-wide sums)."""
+    folder = write_checkpoint(
+        tmp_path,
+        seed=6,
+        init_range=0.2,
+        save_dtype=torch.float16,
+        hidden_size=624,
+        num_heads=6,
+        num_kv_heads=2,
+        intermediate_size=64,
+    )
+    native, eager = _pair(folder)
+    assert native.native is not None
+    ids = torch.randint(0, 64, (2, 40), generator=torch.Generator().manual_seed(2))
+    was = native_step.wide_rows()
+    try:
+        wide = native_step.wide_rows(True)
+        assert wide == (torch.backends.cpu.get_cpu_capability() == "AVX512")
+        on_wide = _prefill_then_steps(native, ids, [0, 1])
+        assert not native_step.wide_rows(False)
+        on_pairs = _prefill_then_steps(native, ids, [0, 1])
+    finally:
+        native_step.wide_rows(was)
+    want = _prefill_then_steps(eager, ids, [0, 1])
+    for b in range(2):
+        assert torch.equal(on_wide[0][b], on_pairs[0][b])
+        assert (on_wide[0][b] - want[0][b]).abs().max() < 1e-3 * want[0][b].abs().max()
+    for w, p, e in zip(on_wide[1:], on_pairs[1:], want[1:], strict=True):
+        assert torch.equal(w, p)
+        assert (w - e).abs().max() < 1e-3 * e.abs().max()  # logits up to about 10
+
+
+@pytest.mark.skipif(not CAN_BUILD, reason="needs x86-64 with AVX2 and a C compiler")
 def test_a_verify_pass_repeats_single_steps_bit_for_bit(f16_dir: Path) -> None:
     """k + 1 tokens in one call give exactly the logits (and hidden states, and cache) of k + 1
     one-token calls, and a row's logits do not depend on the other rows of its batch: what
