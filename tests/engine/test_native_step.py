@@ -122,19 +122,23 @@ def test_kernel_matches_the_pytorch_path(f16_dir: Path, slots: list[int]) -> Non
 
 
 @pytest.mark.skipif(not CAN_BUILD, reason="needs x86-64 with AVX2 and a C compiler")
-def test_attention_gives_the_same_numbers_on_either_kernel(tmp_path: Path) -> None:
-    """Heads of 104 dimensions (the passes over the values of 64, 32 and 8 dimensions) in
-    groups of three (a pair of heads, then one): a padded prefill, a 5-token chunk and single
-    steps give bit for bit the same logits and cache on the 512-bit attention as on the 256-bit
-    one, and the PyTorch path's to float rounding (relative: 624-wide sums)."""
+@pytest.mark.parametrize(("hidden", "heads", "kv_heads"), [(624, 6, 2), (512, 4, 2), (256, 4, 1)])
+def test_attention_gives_the_same_numbers_on_either_kernel(
+    tmp_path: Path, hidden: int, heads: int, kv_heads: int
+) -> None:
+    """Heads of 104 dimensions in groups of three (the passes over the values of 64, 32 and 8
+    dimensions; a pair of heads, then one), of 128 in pairs and of 64 in fours: a padded
+    prefill, a 5-token chunk and single steps give bit for bit the same logits and cache on the
+    512-bit attention as on the 256-bit one, and the PyTorch path's to float rounding
+    (relative: sums up to 624 wide)."""
     folder = write_checkpoint(
         tmp_path,
         seed=6,
         init_range=0.2,
         save_dtype=torch.float16,
-        hidden_size=624,
-        num_heads=6,
-        num_kv_heads=2,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
         intermediate_size=64,
     )
     native, eager = _pair(folder)
