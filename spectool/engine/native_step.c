@@ -342,7 +342,8 @@ void spectool_matmul(const float *x, int64_t n, int64_t in, const uint16_t *w, i
 static void rms_norm(const float *x, const float *weight, int64_t dim, double eps, float *out) {
     __m256d a = _mm256_setzero_pd(), b = a; /* dim is a multiple of 8: two 4-lane sums */
     for (int64_t i = 0; i < dim; i += 8) {
-        const __m256d lo = _mm256_cvtps_pd(_mm_loadu_ps(x + i)), hi = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4));
+        const __m256d lo = _mm256_cvtps_pd(_mm_loadu_ps(x + i));
+        const __m256d hi = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4));
         a = _mm256_add_pd(a, _mm256_mul_pd(lo, lo));
         b = _mm256_add_pd(b, _mm256_mul_pd(hi, hi));
     }
@@ -437,13 +438,19 @@ static void scores_1(const float *qg, int64_t D, int64_t len, const float *keys,
 static __attribute__((noinline)) ZATTR void scores_2(const float *q0, const float *q1, int64_t D,
                                                      int64_t len, const float *keys, float scale,
                                                      float *s0, float *s1) {
+    /* the two heads' queries side by side once, [q0 i..i+7 | q1 i..i+7] for each i: every key
+     * block and every last key loads them as one vector (D <= 512, native_step.py's bind) */
+    float qq[2 * 512];
+    for (int64_t i = 0; i < D; i += 8) {
+        _mm256_storeu_ps(qq + 2 * i, _mm256_loadu_ps(q0 + i));
+        _mm256_storeu_ps(qq + 2 * i + 8, _mm256_loadu_ps(q1 + i));
+    }
     int64_t t = 0;
     for (; t + 8 <= len; t += 8) {
         __m512 a[8];
         for (int k = 0; k < 8; k++) a[k] = _mm512_setzero_ps();
         for (int64_t i = 0; i < D; i += 8) {
-            const __m512 qv = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(q0 + i)),
-                                                 _mm256_loadu_ps(q1 + i), 1);
+            const __m512 qv = _mm512_loadu_ps(qq + 2 * i);
 #pragma GCC unroll 8
             for (int k = 0; k < 8; k++)
                 a[k] = _mm512_fmadd_ps(
@@ -457,12 +464,9 @@ static __attribute__((noinline)) ZATTR void scores_2(const float *q0, const floa
     }
     for (; t < len; t++) {
         __m512 acc = _mm512_setzero_ps();
-        for (int64_t i = 0; i < D; i += 8) {
-            const __m512 qv = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(q0 + i)),
-                                                 _mm256_loadu_ps(q1 + i), 1);
-            acc = _mm512_fmadd_ps(qv, _mm512_broadcast_f32x8(_mm256_loadu_ps(keys + t * D + i)),
-                                  acc);
-        }
+        for (int64_t i = 0; i < D; i += 8)
+            acc = _mm512_fmadd_ps(_mm512_loadu_ps(qq + 2 * i),
+                                  _mm512_broadcast_f32x8(_mm256_loadu_ps(keys + t * D + i)), acc);
         s0[t] = hsum(_mm512_castps512_ps256(acc)) * scale;
         s1[t] = hsum(_mm512_extractf32x8_ps(acc, 1)) * scale;
     }

@@ -169,9 +169,9 @@ def wide_rows(on: bool | None = None) -> bool:
     """Whether products of 3 rows or more run on the AVX-512 kernel (512-bit vectors, up to
     twelve rows sharing each widened weight; 1.3-1.45x at 3-80 rows on a Zen 5 core) rather than
     two rows a block, and attention on 512-bit passes (two query heads of a group a pass over
-    the keys, 64 dimensions of two heads a pass over the values). ``on`` switches it (True has effect only where the CPU has AVX-512 F, VL
-    and DQ); the numbers are the
-    same bit for bit either way, which the tests check by switching."""
+    the keys, 64 dimensions of two heads a pass over the values). ``on`` switches it (True has
+    effect only where the CPU has AVX-512 F, VL and DQ); the numbers are the same bit for bit
+    either way, which the tests check by switching."""
     lib = library()
     if lib is None:
         raise RuntimeError(f"no native step: {unavailable_reason()}")
