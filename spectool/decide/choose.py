@@ -14,7 +14,7 @@ from spectool.decide.acceptance import (
 )
 from spectool.decide.cell import CellMeasurement
 from spectool.decide.result import CellKey
-from spectool.decide.verdict import TIE_MARGIN, CellVerdict
+from spectool.decide.verdict import CellVerdict, proven_tie
 
 
 def ranking_ratios(
@@ -71,11 +71,23 @@ class _Judged(Protocol):
     @property
     def ratio(self) -> float: ...
 
+    @property
+    def ci_low(self) -> float: ...
+
+    @property
+    def ci_high(self) -> float: ...
+
 
 def unproven_gain(v: _Judged, min_gain: float = 0.0) -> bool:
-    """Whether ``v`` is *uncertain*: inconclusive, with an estimate below ``1 - TIE_MARGIN``
-    (and below ``1 - min_gain``). It is deployed on its estimate, and reported as uncertain."""
-    return v.verdict == "inconclusive" and v.ratio < 1.0 - max(TIE_MARGIN, min_gain)
+    """Whether ``v`` is *uncertain*: inconclusive, its estimate below 1 (below ``1 - min_gain``),
+    and no tie with off proven (its interval is wider than ``1 +- TIE_MARGIN``). The budget ran
+    out before the interval settled; the better estimate is deployed, reported as uncertain
+    (issue 21: a tie is proven, never assumed; only a proven one goes to off, the cheaper)."""
+    return (
+        v.verdict == "inconclusive"
+        and v.ratio < 1.0 - min_gain
+        and not proven_tie(v.ci_low, v.ci_high)
+    )
 
 
 def final_choices(
@@ -97,12 +109,12 @@ def final_choices(
     the smaller ``k1``: concurrencies count equally, since the traffic mix is unknown.
 
     Eligible cells: those that pay, and *uncertain* ones (:func:`unproven_gain`): inconclusive,
-    with an estimate that beats off by more than :data:`~spectool.decide.verdict.TIE_MARGIN`.
-    Such a cell's budget ran out before its interval cleared 1. Left off, a gain the size of
-    the tie margin or more is lost, and the verdict hangs on whether the interval happened to
-    clear 1 (the main job's concurrency-16 cell: 0.83-0.93 in four runs, on in two). Within
-    the margin, off is as fast and cheaper to serve. ``accept_inconclusive`` makes every
-    inconclusive cell below 1 eligible.
+    with an estimate that beats off, and no tie with off proven. Such a cell's budget ran out
+    before its interval cleared 1; left off, the gain is lost and the verdict hangs on whether
+    the interval happened to clear 1 (the main job's concurrency-16 cell: 0.83-0.93 in four
+    runs, on in two). Only a tie proven within :data:`~spectool.decide.verdict.TIE_MARGIN`
+    goes to off, as fast and cheaper to serve. ``accept_inconclusive`` makes every
+    inconclusive cell below 1 eligible, proven ties too.
 
     The smallest concurrency's choice gates every other one, so when no cell pays there, an
     ``inconclusive`` one whose ratio is below ``1 - min_gain`` is tried as ``k1`` too, but only

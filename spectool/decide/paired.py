@@ -72,6 +72,7 @@ from spectool.decide.verdict import (
     PairedEstimate,
     Source,
     objective_source,
+    proven_tie,
     verdict_for,
 )
 from spectool.errors import BadInputError
@@ -363,8 +364,11 @@ def look_alpha(confidence: float, looks: int, rest_looks: int = 0) -> float:
 
 
 def settled(estimate: PairedEstimate, threshold: float = 1.0) -> bool:
-    """Whether the interval lies wholly on one side of ``threshold`` (1, or ``1 - min_gain``)."""
-    return estimate.ci_high < threshold or estimate.ci_low > threshold
+    """Whether the interval lies wholly on one side of ``threshold`` (1, or ``1 - min_gain``),
+    or proves a tie with off (within ``1 +- TIE_MARGIN``: off is deployed, more pairs would not
+    change that, :func:`~spectool.decide.verdict.proven_tie`)."""
+    low, high = estimate.ci_low, estimate.ci_high
+    return high < threshold or low > threshold or proven_tie(low, high)
 
 
 def bracketed_estimate(

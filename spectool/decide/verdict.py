@@ -58,11 +58,18 @@ def objective_source(objective: str) -> Source | None:
 
 Design = Literal["interleaved", "concurrent", "bracketed", "unpaired"]
 
-# Two configurations (methods, or a method and off) whose speeds differ by less than this
-# fraction are equally fast for spectool's purposes: a proven difference inside it is a tie
-# between methods (the cheaper one to serve is deployed), and a gain over off that is not
-# proven must exceed it to be deployed (spectool.decide.choose.unproven_gain).
+# Two configurations (methods, two draft lengths, or a method and off) whose speeds differ by
+# less than this fraction are equally fast for spectool's purposes, once that is proven: an
+# interval within 1 +- TIE_MARGIN is a tie (the cheaper one to serve is deployed; against off,
+# off). An interval wider than that proves nothing; the better estimate is deployed, reported
+# uncertain (issue 21: a tie is proven, never assumed; spectool.decide.choose.unproven_gain).
 TIE_MARGIN = 0.05
+
+
+def proven_tie(ci_low: float, ci_high: float, margin: float = TIE_MARGIN) -> bool:
+    """Whether the interval of a ratio proves it equivalent to 1: it lies within ``1 +-
+    margin`` (two one-sided tests at the interval's level)."""
+    return 1.0 - margin <= ci_low and ci_high <= 1.0 + margin
 
 
 def verdict_for(ci_low: float, ci_high: float) -> Verdict:

@@ -251,8 +251,8 @@ def comparison_markdown(
         )
         + "a cell is the chosen "
         "draft length and its per-token ratio lhs/rhs (below 1 pays), with its 95% interval "
-        "(UNCERTAIN: not proven, deployed because its estimate beats off by more than "
-        f"{TIE_MARGIN:.0%}); "
+        "(UNCERTAIN: not proven, deployed because its estimate beats off and no tie with off "
+        f"is proven: its interval is wider than 1 +- {TIE_MARGIN:.0%}); "
         "`pred`: off, the method's own prediction (not confirmed: it did not promise to beat "
         "a ratio measured for a method before it).",
         "",

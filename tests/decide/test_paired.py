@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -133,6 +134,16 @@ def test_settled_is_wholly_one_side_of_the_threshold() -> None:
     assert settled(est, 1.0) and est.ci_high < 1.0
     assert not settled(est, est.ratio)  # a threshold inside the interval
     assert settled(est, 0.5)  # the interval lies wholly above 0.5
+
+
+def test_a_proven_tie_with_off_settles_a_cell() -> None:
+    """Issue 21: an interval within 1 +- 5% proves the cell as fast as off (off is deployed, the
+    cheaper); more pairs would not change that, so the cell stops. Wider, it goes on."""
+    est = paired_estimate(pairs_under([1.0, 1.1, 0.9, 1.0]))
+    tied = dataclasses.replace(est, ratio=0.99, ci_low=0.96, ci_high=1.03, verdict="inconclusive")
+    assert settled(tied, 1.0)
+    assert not settled(dataclasses.replace(tied, ci_low=0.94), 1.0)
+    assert not settled(dataclasses.replace(tied, ci_high=1.06), 1.0)
 
 
 def test_evaluate_paired_reports_both_arms_and_the_estimate() -> None:

@@ -62,22 +62,25 @@ def test_recorded_method_rounds_replay_to_the_method_users_would_pick() -> None:
     k <= 4, concurrency 1, 4, 16; ``benchmarks/method_replay.py``): each round replayed as
     tune's measurements deploys the method the other rounds pooled rank best where speculation
     pays most (concurrency 1): the draft model on code, n-gram on prose; never speculates where
-    they say it costs (16 on both, 4 on code); reaches 95% of the best at concurrency 1 in 6 of
-    8 (single blocks per configuration leave code's draft length there to one block's noise)."""
+    they say it costs at 16 (both workloads), and at 4 on code in 3 of 4 rounds; reaches 95% of
+    the best at concurrency 1 in 6 of 8 (single blocks per configuration leave code's draft
+    length there to one block's noise). Code round 3 at 4: draft_model k=3's one block estimates
+    a gain, its interval too wide to prove a tie with off, so the better estimate is deployed
+    (issue 21: a tie is proven, never assumed); the other rounds put it 8% behind off."""
     sets = rounds_from_grids(*read_grids(RECORDED))
     assert [order for _, _, order in sets] == [["draft_model", "eagle3", "mtp", "ngram"]] * 2
     replays = [r for rounds, names, order in sets for r in replay_methods(rounds, names, order)]
     assert len(replays) == 8
-    near_best = 0
+    near_best = code_off_at_4 = 0
     for replay in replays:
         at = {row["concurrency"]: row for row in replay.rows}
         assert at[1]["best"].startswith(replay.chosen + " ")
         assert replay.chosen == ("draft_model" if replay.source.startswith("code/") else "ngram")
         assert at[16]["chosen"] == "off" and at[16]["verdict_agrees"] is not False
         if replay.source.startswith("code/"):
-            assert at[4]["chosen"] == "off"
+            code_off_at_4 += at[4]["chosen"] == "off"
         near_best += at[1]["share_of_best"] >= 0.95
-    assert near_best >= 6
+    assert near_best >= 6 and code_off_at_4 >= 3
 
 
 AVX512 = Path(__file__).parent / "data" / "method_grids_avx512.json.gz"

@@ -37,9 +37,15 @@ class Machine:
     """Blocks on a simulated machine: a clock, and a speed factor as a function of the clock."""
 
     def __init__(
-        self, spec_ms: float, accepted: int, speed: Callable[[float], float], seed: int = 0
+        self,
+        spec_ms: float,
+        accepted: int,
+        speed: Callable[[float], float],
+        seed: int = 0,
+        noise: float = 0.05,
     ):
         self.spec_ms = spec_ms  # step time at k=K (drafting + verifying) on a quiet machine
+        self.noise = noise  # each step's own jitter (log-normal sigma)
         self.accepted = accepted  # drafts accepted per request-step
         self.speed = speed
         self.clock = 0.0
@@ -55,7 +61,7 @@ class Machine:
             ms = (
                 (self.spec_ms if arm else BASE_MS)
                 * self.speed(self.clock + t)
-                * float(self.rng.lognormal(0, 0.05))
+                * float(self.rng.lognormal(0, self.noise))
             )
             t += ms / 1000
             stats = IterationStats(
@@ -105,24 +111,41 @@ def test_a_clear_gain_settles_at_the_first_look_in_alternating_order() -> None:
     assert cell.key == (C, K)
 
 
-def test_a_ratio_at_the_threshold_runs_to_the_last_pair_and_stays_inconclusive() -> None:
+def test_a_noisy_ratio_at_the_threshold_runs_to_the_last_pair_and_stays_inconclusive() -> None:
     from spectool.decide.paired import evaluate_paired
 
-    machine = Machine(spec_ms=30.0, accepted=2, speed=quiet)  # ratio exactly 1.0
+    # ratio exactly 1.0, steps too noisy for 24 pairs to prove a tie within 1 +- 5%
+    machine = Machine(spec_ms=30.0, accepted=2, speed=quiet, noise=0.6)
     cell = measure_paired(C, K, machine.block, budget_s=1e9)
     assert len(cell.pairs) == MAX_PAIRS
-    assert evaluate_paired(cell, looks=MAX_PAIRS // LOOK_EVERY).verdict == "inconclusive"
+    v = evaluate_paired(cell, looks=MAX_PAIRS // LOOK_EVERY)
+    assert v.verdict == "inconclusive" and (v.ci_low < 0.95 or v.ci_high > 1.05)
+
+
+def test_a_proven_tie_with_off_ends_the_cell_early() -> None:
+    """Issue 21: once the interval lies within 1 +- 5% the cell is as fast as off, proven, and
+    more pairs would not change what is deployed (off, the cheaper); the cell stops there."""
+    from spectool.decide.choose import unproven_gain
+    from spectool.decide.paired import evaluate_paired
+
+    for seed in range(3):
+        machine = Machine(spec_ms=30.0, accepted=2, speed=quiet, seed=seed)  # ratio 1.0
+        cell = measure_paired(C, K, machine.block, budget_s=1e9)
+        assert len(cell.pairs) < MAX_PAIRS and len(cell.pairs) % LOOK_EVERY == 0
+        v = evaluate_paired(cell, looks=MAX_PAIRS // LOOK_EVERY)
+        assert v.verdict == "inconclusive" and 0.95 <= v.ci_low and v.ci_high <= 1.05
+        assert not unproven_gain(v)  # a proven tie is never deployed on its estimate
 
 
 def test_the_budget_stops_an_unsettled_cell_at_a_look_once_it_has_enough_pairs() -> None:
     """Over budget at the first look (4 pairs: a t interval on 3 degrees of freedom), the cell
     measures on to the next look; there the budget ends it."""
-    machine = Machine(spec_ms=30.0, accepted=2, speed=quiet)
+    machine = Machine(spec_ms=30.0, accepted=2, speed=quiet, noise=0.6)
     cell = measure_paired(C, K, machine.block, budget_s=0.5)
     assert len(cell.pairs) == MIN_PAIRS_OVER_BUDGET == 2 * LOOK_EVERY
     # the budget, not the pairs, made the second look the last: it spends the four untaken
     assert cell.rest_looks == MAX_PAIRS // LOOK_EVERY - 2 == 4
-    unbudgeted = measure_paired(C, K, Machine(30.0, 2, quiet).block, budget_s=1e9)
+    unbudgeted = measure_paired(C, K, Machine(30.0, 2, quiet, noise=0.6).block, budget_s=1e9)
     assert len(unbudgeted.pairs) == MAX_PAIRS and unbudgeted.rest_looks == 0
     settles = measure_paired(C, K, Machine(18.0, 2, quiet).block, budget_s=0.0)
     assert len(settles.pairs) == LOOK_EVERY and settles.rest_looks == 0  # its data ended it

@@ -250,10 +250,12 @@ def test_decision_json_is_valid_and_consistent(tuned: dict[str, Any]) -> None:
     first = min(decision.schedule)
 
     def gains(cell: dict) -> bool:
-        """Measured to pay, or an uncertain gain (inconclusive, its estimate more than the tie
-        margin below 1: deployed on its estimate, spectool.decide.choose.unproven_gain)."""
+        """Measured to pay, or an uncertain gain (inconclusive, its estimate below 1 and its
+        interval wider than 1 +- the tie margin: deployed on its estimate,
+        spectool.decide.choose.unproven_gain)."""
+        tie = 1.0 - TIE_MARGIN <= cell["ci_low"] and cell["ci_high"] <= 1.0 + TIE_MARGIN
         return cell["verdict"] == "pays" or (
-            cell["verdict"] == "inconclusive" and cell["ratio"] < 1.0 - TIE_MARGIN
+            cell["verdict"] == "inconclusive" and cell["ratio"] < 1.0 and not tie
         )
 
     for c, k in decision.schedule.items():
