@@ -165,6 +165,12 @@ class CellVerdict:
         """How the two sides were measured: ``interleaved``, ``bracketed`` or ``unpaired``."""
         return "unpaired" if self.paired is None else self.paired.design
 
+    @property
+    def tie_with_off(self) -> bool:
+        """Inconclusive, with an interval that proves it as fast as off (:func:`proven_tie`):
+        off, cheaper to serve, is deployed in its place (issue 21)."""
+        return self.verdict == "inconclusive" and proven_tie(self.ci_low, self.ci_high)
+
     def to_json(self) -> dict[str, object]:
         """The fields ``decision.json`` lists per cell."""
         out: dict[str, object] = {
@@ -176,6 +182,8 @@ class CellVerdict:
             "ci_low": self.ci_low,
             "ci_high": self.ci_high,
             "verdict": self.verdict,
+            # inconclusive, its interval within 1 +- TIE_MARGIN: as fast as off, proven (off)
+            "tie_with_off": self.tie_with_off,
             "design": self.design,
         }
         if self.paired is not None:

@@ -278,7 +278,7 @@ def _inequality_section(outcome: TuneOutcome) -> list[str]:
             f"{v.rhs_ms_per_token:.3f}",
             f"{v.ratio:.3f}",
             f"{v.ci_low:.3f}{DASH}{v.ci_high:.3f}",
-            v.verdict.replace("_", " "),
+            "tie with off (proven)" if v.tie_with_off else v.verdict.replace("_", " "),
             v.source,
             _num(v.tokens_per_step_measured),
             _num(v.tokens_per_step_predicted),

@@ -57,7 +57,8 @@ def test_iteration_path_formulas() -> None:
     assert v.measured_speedup == pytest.approx(rhs / lhs)
     assert v.ci_low <= v.ratio <= v.ci_high
     assert set(v.to_json()) == set(
-        "concurrency k lhs_ms_per_token rhs_ms_per_token ratio ci_low ci_high verdict design".split()
+        "concurrency k lhs_ms_per_token rhs_ms_per_token ratio ci_low ci_high verdict "
+        "tie_with_off design".split()
     )
 
 

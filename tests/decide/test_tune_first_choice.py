@@ -61,9 +61,12 @@ def test_a_first_cell_proven_tied_with_off_alone_is_not_chosen() -> None:
         cell(4, 4, 1.30, 1.10, 1.50, "does_not_pay"),
     ]
     assert choose(verdicts) == {1: 0, 2: 0, 4: 0}
+    assert verdicts[0].tie_with_off and verdicts[0].to_json()["tie_with_off"] is True
     # the same estimate with an interval too wide to prove the tie: deployed on its estimate
     verdicts[0] = cell(1, 4, 0.98, 0.80, 1.12, "inconclusive")
     assert choose(verdicts) == {1: 4, 2: 0, 4: 0}
+    assert not verdicts[0].tie_with_off and verdicts[0].to_json()["tie_with_off"] is False
+    assert not cell(1, 4, 0.97, 0.96, 0.99, "pays").tie_with_off  # a proven gain is no tie
 
 
 def test_an_unproven_gain_is_deployed_on_its_estimate_unless_a_tie_is_proven() -> None:

@@ -214,6 +214,7 @@ def test_decision_json_is_valid_and_consistent(tuned: dict[str, Any]) -> None:
             "ci_low",
             "ci_high",
             "verdict",
+            "tie_with_off",
             "design",
             "pairs",
             "pair_ratios",
@@ -238,6 +239,8 @@ def test_decision_json_is_valid_and_consistent(tuned: dict[str, Any]) -> None:
         assert min(kept) <= cell["ratio"] <= max(kept)
         assert cell["ratio"] == pytest.approx(_saved_estimate(out / "trials.jsonl", cell))
         assert cell["prompts_covered"] == cell["workload_prompts"] > 0
+        tie = 0.95 <= cell["ci_low"] and cell["ci_high"] <= 1.05
+        assert cell["tie_with_off"] == (cell["verdict"] == "inconclusive" and tie)
         assert cell["ci_low"] <= cell["ci_high"]
         expected = (
             "pays"
