@@ -239,7 +239,7 @@ def test_decision_json_is_valid_and_consistent(tuned: dict[str, Any]) -> None:
         assert min(kept) <= cell["ratio"] <= max(kept)
         assert cell["ratio"] == pytest.approx(_saved_estimate(out / "trials.jsonl", cell))
         assert cell["prompts_covered"] == cell["workload_prompts"] > 0
-        tie = 0.95 <= cell["ci_low"] and cell["ci_high"] <= 1.05
+        tie = 1.0 - TIE_MARGIN <= cell["ci_low"] and cell["ci_high"] <= 1.0 + TIE_MARGIN
         assert cell["tie_with_off"] == (cell["verdict"] == "inconclusive" and tie)
         assert cell["ci_low"] <= cell["ci_high"]
         expected = (
@@ -254,11 +254,10 @@ def test_decision_json_is_valid_and_consistent(tuned: dict[str, Any]) -> None:
 
     def gains(cell: dict) -> bool:
         """Measured to pay, or an uncertain gain (inconclusive, its estimate below 1 and its
-        interval wider than 1 +- the tie margin: deployed on its estimate,
-        spectool.decide.choose.unproven_gain)."""
-        tie = 1.0 - TIE_MARGIN <= cell["ci_low"] and cell["ci_high"] <= 1.0 + TIE_MARGIN
+        interval wider than 1 +- the tie margin, ``tie_with_off`` checked above: deployed on
+        its estimate, spectool.decide.choose.unproven_gain)."""
         return cell["verdict"] == "pays" or (
-            cell["verdict"] == "inconclusive" and cell["ratio"] < 1.0 and not tie
+            cell["verdict"] == "inconclusive" and cell["ratio"] < 1.0 and not cell["tie_with_off"]
         )
 
     for c, k in decision.schedule.items():
