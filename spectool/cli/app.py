@@ -71,8 +71,27 @@ def _json_error(wanted: bool, kind: str, message: str, exit_code: int, where: st
         sys.stdout.flush()
 
 
+def _forget_handled_interrupts() -> None:
+    """Keep the exit code ``main`` returns after a KeyboardInterrupt it handled.
+
+    CPython marks the process as ended by Ctrl-C whenever a KeyboardInterrupt leaves a string
+    ``eval``/``exec``, even one caught later (``run_eval_code_obj`` in Python/pythonrun.c, read
+    for 3.11 and 3.12); under ``python -m`` the interpreter then kills itself with SIGINT at exit
+    instead of exiting with the code given to ``sys.exit``. A stop (Ctrl-C, or SIGTERM turned into it)
+    lands wherever the main thread is, and a lazy import runs such strings (dataclasses,
+    numpy.f2py under scipy.stats): a SIGTERMed ``python -m spectool.cli.app tune`` died by
+    SIGINT about once in 30 instead of exiting 130. Every string eval clears the mark first."""
+    eval("None", {})  # noqa: S307 (a constant: clears the interpreter's stale interrupt mark)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; map spectool's own errors to one stderr line and their exit code."""
+    code = _main(argv)
+    _forget_handled_interrupts()  # every exit code returned here is one the CLI decided
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     as_json = "--json" in args[: args.index("--")] if "--" in args else "--json" in args
     try:

@@ -8,8 +8,11 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -53,3 +56,29 @@ def test_sigterm_inside_asyncio_cancels_the_task_and_its_cleanup_runs(sigint: st
     assert stop.requested
     assert seen == ["cancelled", "cleaned up"]
     assert time.monotonic() - started < 5
+
+
+def test_an_interrupt_handled_inside_a_string_eval_keeps_the_exit_code(tmp_path: Path) -> None:
+    """The stop lands wherever the main thread is; inside a lazy import's string ``exec``
+    (dataclasses, numpy.f2py under scipy.stats) CPython marks the process as ended by Ctrl-C,
+    and under ``python -m`` it then died by SIGINT instead of exiting 130 (a SIGTERMed
+    ``test_tune_cli`` run in CI). ``main`` keeps the code it returns."""
+    (tmp_path / "interrupted_cli.py").write_text(
+        "import sys\n"
+        "from spectool.cli.app import app, main\n"
+        "@app.command('stop-in-eval')\n"
+        "def stop_in_eval() -> None:\n"
+        "    exec('raise KeyboardInterrupt', {})  # as a stop landing in a lazy import\n"
+        "sys.exit(main(['stop-in-eval']))\n",
+        encoding="utf-8",
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    done = subprocess.run(  # noqa: S603 (this interpreter, a fixed module)
+        [sys.executable, "-m", "interrupted_cli"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 130, (done.returncode, done.stderr)
