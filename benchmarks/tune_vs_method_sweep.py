@@ -31,6 +31,8 @@ sweep of every method and every draft length, on the embedded engine.
    concurrency, beside them, the sweep's own repeatability (:func:`~spectool.decide.
    sweep_judge.split_half`): in how many ways of splitting its rounds in two the best of one
    half reaches 95% on the other, the bar a tuner as good as the sweep itself would meet.
+   A last line sums both over the concurrencies (``in all: the checks hold in A of B; ...
+   X of Y splits``): the checks' hold rate beside the reference's own.
 
 Prints the table and the checks and writes ``OUT/benchmark.json``; exit 0 when every check
 holds in sample, 1 otherwise. ``--rejudge OUT`` judges a finished ``OUT/benchmark.json`` again
@@ -71,6 +73,7 @@ sys.path.insert(0, str(REPO_ROOT))
 from benchmarks.sweep_workloads import named_workload  # noqa: E402
 from spectool.decide.sweep_judge import (  # noqa: E402
     BASE,
+    SplitHalf,
     bracketed_speedups,
     deployable_best,
     heldout_gain,
@@ -327,6 +330,7 @@ def report(data: dict, commits: tuple[str, ...] = (), *, beside: bool = False) -
     groups: dict[str | None, list] = {}  # runs by the rounds they are judged against
     for i, run in runs:
         groups.setdefault(run.get("tag") if beside else None, []).append((i, run))
+    checks, splits = [0, 0], [0, 0]  # [held, judged]; [reached, splits]
     for c, all_rounds in scores.items():
         held = 0
         for tag, group in groups.items():
@@ -340,13 +344,24 @@ def report(data: dict, commits: tuple[str, ...] = (), *, beside: bool = False) -
                 ok = False
                 continue
             label = f"c={c} (batch {tag}, {len(rounds)} rounds beside)" if beside else f"c={c}"
-            text, group_ok, group_held = _check_runs(
+            text, group_ok, group_held, ceiling = _check_runs(
                 label, c, rounds, group, plan, "rounds" in data
             )
             print(text)
             ok &= group_ok
             held += group_held
+            if ceiling is not None:
+                splits[0] += ceiling.reached
+                splits[1] += ceiling.splits
         print(f"  c={c}: every check holds in {held} of {len(runs)} runs")
+        checks[0] += held
+        checks[1] += len(runs)
+    if splits[1] and checks[1]:  # what bounds the checks: the reference's own repeatability
+        print(
+            f"in all: the checks hold in {checks[0]} of {checks[1]} ({checks[0] / checks[1]:.0%});"
+            f" the sweep's best of half its rounds reaches {QUALITY:.0%} on the other half in "
+            f"{splits[0]} of {splits[1]} splits ({splits[0] / splits[1]:.0%})"
+        )
     for i, run in runs:
         print(
             f"tune run {i} (commit {run.get('commit', 'not recorded')}): {run['wall_s']:.0f} s, "
@@ -358,9 +373,9 @@ def report(data: dict, commits: tuple[str, ...] = (), *, beside: bool = False) -
 
 def _check_runs(
     label: str, c: str, rounds: list, runs: list, plan: dict[str, str], bracketed: bool
-) -> tuple[str, bool, int]:
+) -> tuple[str, bool, int, SplitHalf | None]:
     """The checks of ``runs`` at concurrency ``c`` against the sweep's ``rounds``: the text,
-    whether all hold, and in how many runs."""
+    whether all hold, in how many runs, and the sweep's own split-half repeatability."""
     ok, held = True, 0
     means = {name: sum(r[name] for r in rounds) / len(rounds) for name in rounds[0]}
     best_name = max(means, key=means.get)
@@ -399,7 +414,7 @@ def _check_runs(
             pair = [{n: r[n] for n in {name, plan[c]}} for r in rounds]
             one = judge(pair, name)
             row += f"; one method: {one.share:.0%} ({one.verdict(QUALITY)})"
-    return row, ok, held
+    return row, ok, held, ceiling
 
 
 def main() -> int:

@@ -39,6 +39,9 @@ def test_every_run_is_judged_by_default(capsys: pytest.CaptureFixture[str]) -> N
     out = capsys.readouterr().out
     assert "c=1: every check holds in 1 of 2 runs" in out
     assert "c=4: every check holds in 2 of 2 runs" in out
+    # summed over the concurrencies: 4 rounds split 6 ways at each
+    assert "in all: the checks hold in 3 of 4 (75%)" in out
+    assert "reaches 95% on the other half in 12 of 12 splits (100%)" in out
     assert "a check failed" in out
 
 
