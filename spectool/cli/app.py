@@ -76,11 +76,12 @@ def _forget_handled_interrupts() -> None:
 
     CPython marks the process as ended by Ctrl-C whenever a KeyboardInterrupt leaves a string
     ``eval``/``exec``, even one caught later (``run_eval_code_obj`` in Python/pythonrun.c, read
-    for 3.11 and 3.12); under ``python -m`` the interpreter then kills itself with SIGINT at exit
-    instead of exiting with the code given to ``sys.exit``. A stop (Ctrl-C, or SIGTERM turned into it)
-    lands wherever the main thread is, and a lazy import runs such strings (dataclasses,
-    numpy.f2py under scipy.stats): a SIGTERMed ``python -m spectool.cli.app tune`` died by
-    SIGINT about once in 30 instead of exiting 130. Every string eval clears the mark first."""
+    for 3.11 and 3.12); under ``python -m`` the interpreter then kills itself with SIGINT at
+    exit instead of exiting with the code given to ``sys.exit``. A stop (Ctrl-C, or SIGTERM
+    turned into it) lands wherever the main thread is, and a lazy import runs such strings
+    (dataclasses, numpy.f2py under scipy.stats): a SIGTERMed ``python -m spectool.cli.app
+    tune`` died by SIGINT instead of exiting 130 (once in CI; beside a CPU hog within 4-10
+    runs). Every string eval clears the mark first."""
     eval("None", {})  # noqa: S307 (a constant: clears the interpreter's stale interrupt mark)
 
 
